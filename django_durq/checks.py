@@ -1,0 +1,82 @@
+"""System checks ``durq.E001…`` / ``durq.W001…``: each says what to write instead.
+
+| id        | what                                                        |
+|-----------|-------------------------------------------------------------|
+| durq.E001 | DURQ is not a dict, or has an unknown key                   |
+| durq.E002 | a duration setting is not a positive number or timedelta    |
+| durq.E003 | a count setting is not a whole number ≥ 1                   |
+| durq.E004 | DURQ["DATABASE"] names no configured database               |
+| durq.E005 | a lease is shorter than two heartbeat intervals              |
+| durq.E006 | DURQ["SCHEDULES"] is malformed                              |
+| durq.E007 | DURQ["BACKOFF"] is malformed                                |
+| durq.E008 | DURQ["QUEUES"] is malformed                                 |
+| durq.E009 | the database cannot run the queue (too old, unsupported)    |
+| durq.W001 | SQLite is not in WAL mode                                   |
+| durq.W002 | SQLite transactions are not IMMEDIATE                       |
+| durq.I001 | which claimers the queue's database keeps apart              |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.checks import CheckMessage, Error, Info, Warning, register
+from django.db import connections
+
+from .conf import get_settings
+from .db import dialect_for
+from .db.checks import database_problems, sqlite_setup_warnings
+from .registry import registry
+
+
+@register("django_durq")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    settings = get_settings()
+    messages: list[CheckMessage] = [Error(p.message, hint=p.hint, id=p.id) for p in settings.problems]
+    for definition in registry.all():
+        lease_ms = definition.lease_ms or settings.lease_ms
+        if lease_ms < 2 * settings.heartbeat_interval_ms:
+            messages.append(
+                Error(
+                    f"job {definition.name!r} has a lease of {lease_ms / 1000:g} s, less than two heartbeat intervals "
+                    f"({settings.heartbeat_interval_ms / 1000:g} s each)",
+                    hint="Give it a longer lease or lower DURQ['HEARTBEAT_INTERVAL'].",
+                    id="durq.E005",
+                )
+            )
+    if settings.database not in django_settings.DATABASES:
+        messages.append(
+            Error(
+                f'DURQ["DATABASE"] is {settings.database!r}, which is not in DATABASES',
+                hint=f"Use one of: {', '.join(django_settings.DATABASES)}.",
+                id="durq.E004",
+            )
+        )
+        return messages
+    connection = connections[settings.database]
+    try:
+        dialect = dialect_for(connection)
+    except NotImplementedError as error:
+        messages.append(Error(str(error), id="durq.E009"))
+        return messages
+    if connection.vendor == "sqlite":
+        for id_, message, hint in sqlite_setup_warnings(connection.settings_dict):
+            messages.append(Warning(message, hint=hint, id=id_))
+    messages.append(
+        Info(
+            f"durq: the queue lives in database {settings.database!r} ({dialect.vendor}); "
+            f"a job is claimed exclusively across {dialect.exclusivity}",
+            id="durq.I001",
+        )
+    )
+    return messages
+
+
+@register("django_durq", "database", deploy=False)
+def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    settings = get_settings()
+    if not databases or settings.database not in databases or settings.database not in django_settings.DATABASES:
+        return []
+    problems = database_problems(connections[settings.database], for_worker=False)
+    return [Error(problem, id="durq.E009") for problem in problems]

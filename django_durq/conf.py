@@ -1,0 +1,256 @@
+"""The ``DURQ`` setting, parsed once into one typed object.
+
+Problems are collected rather than raised, so that ``manage.py check`` can report every one of
+them with a stable id (see ``checks.py``); a field that fails to parse keeps its default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .backoff import Backoff
+from .clock import seconds_to_ms
+
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    concurrency: int = 4
+    keep_finished_ms: int | None = None  # None: use the global setting
+    keep_dead_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    message: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class DurqSettings:
+    database: str = "default"
+    queues: dict[str, QueueSettings] = field(default_factory=lambda: {DEFAULT_QUEUE: QueueSettings()})
+    lease_ms: int = 60_000
+    heartbeat_interval_ms: int = 10_000
+    poll_interval_ms: int = 1_000
+    max_attempts: int = 5
+    backoff: Backoff = field(default_factory=Backoff)
+    max_payload_bytes: int = 1_048_576
+    keep_finished_ms: int = 0
+    keep_dead_ms: int | None = None
+    shutdown_grace_ms: int = 30_000
+    timeout_ms: int | None = None
+    schedules: dict[str, Any] = field(default_factory=dict)
+    test_hooks_dir: str | None = None
+    problems: tuple[Problem, ...] = ()
+
+    def queue(self, name: str) -> QueueSettings:
+        return self.queues.get(name, QueueSettings())
+
+
+KNOWN_KEYS = {
+    "DATABASE",
+    "QUEUES",
+    "LEASE",
+    "HEARTBEAT_INTERVAL",
+    "POLL_INTERVAL",
+    "MAX_ATTEMPTS",
+    "BACKOFF",
+    "MAX_PAYLOAD_BYTES",
+    "KEEP_FINISHED",
+    "KEEP_DEAD",
+    "SHUTDOWN_GRACE",
+    "TIMEOUT",
+    "SCHEDULES",
+    "TEST_HOOKS_DIR",
+}
+
+
+class _Parser:
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.problems: list[Problem] = []
+
+    def problem(self, id_: str, message: str, hint: str) -> None:
+        self.problems.append(Problem(id_, message, hint))
+
+    def duration_ms(self, key: str, default_ms: int | None, *, allow_none: bool = False, minimum_ms: int = 1) -> Any:
+        if key not in self.raw:
+            return default_ms
+        value = self.raw[key]
+        if value is None and allow_none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+            self.problem(
+                "durq.E002",
+                f'DURQ["{key}"] is {value!r}; expected a number of seconds or a timedelta',
+                f'Write for example DURQ["{key}"] = 30 or timedelta(seconds=30).',
+            )
+            return default_ms
+        ms = seconds_to_ms(value)
+        if ms < minimum_ms:
+            self.problem(
+                "durq.E002",
+                f'DURQ["{key}"] is {value!r}; it must be at least {minimum_ms / 1000:g} seconds',
+                f'Write a positive duration, for example DURQ["{key}"] = 30.',
+            )
+            return default_ms
+        return ms
+
+    def positive_int(self, container: dict[str, Any], key: str, default: int, label: str) -> int:
+        if key not in container:
+            return default
+        value = container[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.problem(
+                "durq.E003",
+                f"{label} is {value!r}; expected a whole number of at least 1",
+                f"Write for example {label} = {default}.",
+            )
+            return default
+        return value
+
+
+def parse(raw: Any) -> DurqSettings:
+    """A :class:`DurqSettings` from the raw ``DURQ`` value, with every problem recorded."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        return DurqSettings(
+            problems=(Problem("durq.E001", f"DURQ is {type(raw).__name__}; expected a dict", "Write DURQ = {...}."),)
+        )
+    p = _Parser(raw)
+    for key in sorted(set(raw) - KNOWN_KEYS):
+        p.problem("durq.E001", f'DURQ has an unknown key "{key}"', f"Known keys: {', '.join(sorted(KNOWN_KEYS))}.")
+
+    database = raw.get("DATABASE", "default")
+    if not isinstance(database, str):
+        p.problem("durq.E004", f'DURQ["DATABASE"] is {database!r}; expected a database alias', 'Write "default".')
+        database = "default"
+
+    defaults = DurqSettings()
+    lease_ms = p.duration_ms("LEASE", defaults.lease_ms)
+    heartbeat_ms = p.duration_ms("HEARTBEAT_INTERVAL", defaults.heartbeat_interval_ms)
+    if heartbeat_ms * 2 > lease_ms:
+        p.problem(
+            "durq.E005",
+            f'DURQ["LEASE"] ({lease_ms / 1000:g} s) must be at least twice DURQ["HEARTBEAT_INTERVAL"] '
+            f"({heartbeat_ms / 1000:g} s), or one late heartbeat loses the lease",
+            "Raise LEASE or lower HEARTBEAT_INTERVAL; three heartbeats per lease is a good ratio.",
+        )
+    poll_ms = p.duration_ms("POLL_INTERVAL", defaults.poll_interval_ms, minimum_ms=10)
+    grace_ms = p.duration_ms("SHUTDOWN_GRACE", defaults.shutdown_grace_ms, minimum_ms=0)
+    timeout_ms = p.duration_ms("TIMEOUT", None, allow_none=True)
+    keep_finished_ms = p.duration_ms("KEEP_FINISHED", 0, minimum_ms=0)
+    keep_dead_ms = p.duration_ms("KEEP_DEAD", None, allow_none=True, minimum_ms=0)
+    max_attempts = p.positive_int(raw, "MAX_ATTEMPTS", defaults.max_attempts, 'DURQ["MAX_ATTEMPTS"]')
+    max_payload = p.positive_int(raw, "MAX_PAYLOAD_BYTES", defaults.max_payload_bytes, 'DURQ["MAX_PAYLOAD_BYTES"]')
+
+    backoff = _parse_backoff(p, raw.get("BACKOFF", {}))
+    queues = _parse_queues(p, raw.get("QUEUES"))
+
+    schedules = raw.get("SCHEDULES", {})
+    if not isinstance(schedules, dict):
+        p.problem("durq.E006", 'DURQ["SCHEDULES"] must be a dict of name -> schedule', "See docs/cron.md.")
+        schedules = {}
+    hooks = raw.get("TEST_HOOKS_DIR")
+    return DurqSettings(
+        database=database,
+        queues=queues,
+        lease_ms=lease_ms,
+        heartbeat_interval_ms=heartbeat_ms,
+        poll_interval_ms=poll_ms,
+        max_attempts=max_attempts,
+        backoff=backoff,
+        max_payload_bytes=max_payload,
+        keep_finished_ms=keep_finished_ms,
+        keep_dead_ms=keep_dead_ms,
+        shutdown_grace_ms=grace_ms,
+        timeout_ms=timeout_ms,
+        schedules=schedules,
+        test_hooks_dir=str(hooks) if hooks else None,
+        problems=tuple(p.problems),
+    )
+
+
+def _parse_backoff(p: _Parser, raw: Any) -> Backoff:
+    default = Backoff()
+    if not isinstance(raw, dict):
+        p.problem("durq.E007", 'DURQ["BACKOFF"] must be a dict', 'Write {"base": 2, "factor": 2, "max": 3600, "jitter": 0.2}.')
+        return default
+    unknown = set(raw) - {"base", "factor", "max", "jitter"}
+    if unknown:
+        p.problem("durq.E007", f'DURQ["BACKOFF"] has unknown keys {sorted(unknown)}', "Known: base, factor, max, jitter.")
+    try:
+        backoff = Backoff(
+            base_ms=seconds_to_ms(raw.get("base", default.base_ms / 1000)),
+            factor=float(raw.get("factor", default.factor)),
+            max_ms=seconds_to_ms(raw.get("max", default.max_ms / 1000)),
+            jitter=float(raw.get("jitter", default.jitter)),
+        )
+    except (TypeError, ValueError):
+        p.problem("durq.E007", f'DURQ["BACKOFF"] = {raw!r} has a value that is not a number', "Use numbers of seconds.")
+        return default
+    if backoff.base_ms < 0 or backoff.factor < 1 or backoff.max_ms < backoff.base_ms or not 0 <= backoff.jitter < 1:
+        p.problem(
+            "durq.E007",
+            f'DURQ["BACKOFF"] = {raw!r} is out of range',
+            "Need base >= 0, factor >= 1, max >= base and 0 <= jitter < 1.",
+        )
+        return default
+    return backoff
+
+
+def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
+    if raw is None:
+        return {DEFAULT_QUEUE: QueueSettings()}
+    if not isinstance(raw, dict) or not raw:
+        p.problem("durq.E008", 'DURQ["QUEUES"] must be a non-empty dict of queue name -> options', 'Write {"default": {"concurrency": 4}}.')
+        return {DEFAULT_QUEUE: QueueSettings()}
+    queues: dict[str, QueueSettings] = {}
+    for name, options in raw.items():
+        if not isinstance(name, str) or not name or ":" in name or len(name) > 100:
+            p.problem("durq.E008", f"queue name {name!r} is not valid", "Use a non-empty name without ':' of at most 100 characters.")
+            continue
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            p.problem("durq.E008", f'DURQ["QUEUES"]["{name}"] must be a dict', 'Write {"concurrency": 4}.')
+            continue
+        unknown = set(options) - {"concurrency", "keep_finished", "keep_dead"}
+        if unknown:
+            p.problem("durq.E008", f'DURQ["QUEUES"]["{name}"] has unknown keys {sorted(unknown)}', "Known: concurrency, keep_finished, keep_dead.")
+        concurrency = p.positive_int(options, "concurrency", 4, f'DURQ["QUEUES"]["{name}"]["concurrency"]')
+        sub = _Parser(options)
+        keep_finished = sub.duration_ms("keep_finished", None, allow_none=True, minimum_ms=0)
+        keep_dead = sub.duration_ms("keep_dead", None, allow_none=True, minimum_ms=0)
+        p.problems.extend(sub.problems)
+        queues[name] = QueueSettings(concurrency=concurrency, keep_finished_ms=keep_finished, keep_dead_ms=keep_dead)
+    return queues or {DEFAULT_QUEUE: QueueSettings()}
+
+
+_cached: DurqSettings | None = None
+
+
+def get_settings() -> DurqSettings:
+    """The parsed ``DURQ`` setting, built on first use and rebuilt when the setting changes."""
+    global _cached
+    if _cached is None:
+        from django.conf import settings
+
+        _cached = parse(getattr(settings, "DURQ", None))
+    return _cached
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting == "DURQ":
+        _cached = None

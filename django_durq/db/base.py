@@ -1,0 +1,218 @@
+"""The narrow interface between the queue and a database, with the SQL every database shares.
+
+A dialect owns the statements that differ (the claim, the per-minute upsert, cross-process
+wake-up) and says in plain words which exclusivity its claim really gives. Every write after a
+claim is fenced by ``claim_token`` and ``status = 'running'``: a worker whose lease was taken
+over matches no row and so changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+JOB = "durq_job"
+
+# Columns a claim hands to the worker; the payload of a job that is not being run is never read.
+CLAIM_COLUMNS = (
+    "id",
+    "name",
+    "queue",
+    "arguments",
+    "attempts",
+    "max_attempts",
+    "claim_token",
+    "lease_ms",
+    "timeout_ms",
+    "errors",
+    "reclaimed_from",
+    "priority",
+    "run_at_ms",
+    "created_ms",
+)
+
+
+@dataclass
+class ClaimedJob:
+    id: int
+    name: str
+    queue: str
+    arguments: str
+    attempts: int
+    max_attempts: int
+    claim_token: int
+    lease_ms: int
+    timeout_ms: int | None
+    errors: str
+    reclaimed_from: str | None
+    priority: int
+    run_at_ms: int
+    created_ms: int
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
+        return cls(*row)
+
+
+Lease = tuple[int, int]  # (job id, claim token)
+
+
+def _fence(leases: Sequence[Lease]) -> tuple[str, list[int]]:
+    """``(id = %s AND claim_token = %s) OR …`` for a batch of leases, with its parameters."""
+    clause = " OR ".join(["(id = %s AND claim_token = %s)"] * len(leases))
+    params: list[int] = []
+    for job_id, token in leases:
+        params.extend((job_id, token))
+    return f"({clause})", params
+
+
+class Dialect:
+    vendor = ""
+    exclusivity = ""
+    supports_notify = False
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+
+    # --- what differs per database -------------------------------------------------------
+
+    def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        raise NotImplementedError
+
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+        """Add (queue, minute_ms, finished, failed, dead) to the per-minute counters."""
+        raise NotImplementedError
+
+    def notify(self, queues: Sequence[str]) -> None:
+        """Wake idle workers of other processes once the current transaction commits."""
+
+    def is_lock_error(self, error: BaseException) -> bool:
+        """A transient contention error worth retrying after a short wait."""
+        return False
+
+    # --- shared, portable SQL --------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+
+    def next_due_ms(self, queue: str) -> int | None:
+        """Earliest time anything in ``queue`` becomes claimable; a read that takes no write lock."""
+        rows = self.fetchall(
+            f"SELECT (SELECT MIN(run_at_ms) FROM {JOB} WHERE queue = %s AND status = 'waiting'),"
+            f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running')",
+            (queue, queue),
+        )
+        candidates = [value for value in rows[0] if value is not None]
+        return min(candidates) if candidates else None
+
+    def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[int, bool]:
+        """Extend leases; returns {job id: stop requested} for the leases still held."""
+        if not leases:
+            return {}
+        fence, params = _fence(leases)
+        self.execute(
+            f"UPDATE {JOB} SET lease_expires_ms = %s + lease_ms WHERE status = 'running' AND {fence}",
+            [now_ms, *params],
+        )
+        rows = self.fetchall(f"SELECT id, stop_requested FROM {JOB} WHERE status = 'running' AND {fence}", params)
+        return {row[0]: bool(row[1]) for row in rows}
+
+    def complete(self, leases: Sequence[Lease]) -> int:
+        """Delete finished jobs (the default: nothing kept); returns how many were still held."""
+        if not leases:
+            return 0
+        fence, params = _fence(leases)
+        return self.execute(f"DELETE FROM {JOB} WHERE status = 'running' AND {fence}", params)
+
+    def finish(self, lease: Lease, now_ms: int, result: str | None, errors: str | None) -> bool:
+        """Keep a finished job (retention on) with its result."""
+        sets = "status = 'finished', finished_ms = %s, lease_expires_ms = NULL, result = %s"
+        params: list[Any] = [now_ms, result]
+        if errors is not None:
+            sets += ", errors = %s"
+            params.append(errors)
+        fence, fence_params = _fence([lease])
+        return self.execute(f"UPDATE {JOB} SET {sets} WHERE status = 'running' AND {fence}", params + fence_params) == 1
+
+    def retry_later(self, lease: Lease, run_at_ms: int, errors: str) -> bool:
+        fence, params = _fence([lease])
+        return (
+            self.execute(
+                f"UPDATE {JOB} SET status = 'waiting', run_at_ms = %s, lease_expires_ms = NULL, errors = %s,"
+                f" stop_requested = %s WHERE status = 'running' AND {fence}",
+                [run_at_ms, errors, False, *params],
+            )
+            == 1
+        )
+
+    def bury(self, lease: Lease, now_ms: int, errors: str) -> bool:
+        """Make the job a dead letter, keeping its whole error history."""
+        fence, params = _fence([lease])
+        return (
+            self.execute(
+                f"UPDATE {JOB} SET status = 'dead', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
+                f" WHERE status = 'running' AND {fence}",
+                [now_ms, errors, *params],
+            )
+            == 1
+        )
+
+    def cancel_running(self, lease: Lease, now_ms: int, errors: str) -> bool:
+        fence, params = _fence([lease])
+        return (
+            self.execute(
+                f"UPDATE {JOB} SET status = 'cancelled', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
+                f" WHERE status = 'running' AND {fence}",
+                [now_ms, errors, *params],
+            )
+            == 1
+        )
+
+    def release(self, leases: Sequence[Lease], now_ms: int) -> int:
+        """Hand jobs back at shutdown, due now; the interrupted attempt is not counted."""
+        if not leases:
+            return 0
+        fence, params = _fence(leases)
+        return self.execute(
+            f"UPDATE {JOB} SET status = 'waiting', run_at_ms = %s, lease_expires_ms = NULL,"
+            f" attempts = attempts - 1 WHERE status = 'running' AND {fence}",
+            [now_ms, *params],
+        )
+
+    def record_errors(self, lease: Lease, errors: str) -> bool:
+        fence, params = _fence([lease])
+        return self.execute(f"UPDATE {JOB} SET errors = %s WHERE status = 'running' AND {fence}", [errors, *params]) == 1
+
+    def report_progress(self, lease: Lease, done: int, total: int | None) -> bool:
+        fence, params = _fence([lease])
+        return (
+            self.execute(
+                f"UPDATE {JOB} SET progress_done = %s, progress_total = %s WHERE status = 'running' AND {fence}",
+                [done, total, *params],
+            )
+            == 1
+        )
+
+    def expired_final_attempts(self, queue: str, now_ms: int) -> list[tuple[int, int, str, int, str, str]]:
+        """Running jobs whose lease expired on their last allowed attempt.
+
+        Rows of (id, claim token, name, attempts, errors, lease holder).
+        """
+        return [
+            (row[0], row[1], row[2], row[3], row[4], row[5])
+            for row in self.fetchall(
+                f"SELECT id, claim_token, name, attempts, errors, claimed_by FROM {JOB} WHERE queue = %s"
+                " AND status = 'running' AND lease_expires_ms <= %s AND attempts >= max_attempts",
+                (queue, now_ms),
+            )
+        ]

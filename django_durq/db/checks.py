@@ -1,0 +1,85 @@
+"""What a database must offer the queue, checked before a worker starts and by ``manage.py check``."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+MIN_SQLITE = (3, 35, 0)  # RETURNING
+MIN_MARIADB = (10, 6, 0)  # SKIP LOCKED
+MIN_MYSQL = (8, 0, 1)
+
+
+def sqlite_version() -> tuple[int, ...]:
+    return sqlite3.sqlite_version_info
+
+
+def is_sqlite_memory(settings_dict: dict[str, Any]) -> bool:
+    name = str(settings_dict.get("NAME") or "")
+    return name in ("", ":memory:") or "mode=memory" in name
+
+
+def database_problems(connection: BaseDatabaseWrapper, *, for_worker: bool) -> list[str]:
+    """One-line problems that make the database unusable for the queue (empty when fine)."""
+    problems: list[str] = []
+    if connection.vendor == "sqlite":
+        if sqlite_version() < MIN_SQLITE:
+            found = ".".join(map(str, sqlite_version()))
+            problems.append(f"SQLite {found} is too old: django-durq needs 3.35 or newer (UPDATE … RETURNING)")
+        if for_worker and is_sqlite_memory(connection.settings_dict):
+            problems.append(
+                f"database {connection.alias!r} is an in-memory SQLite database, which no other process can see; "
+                "point NAME at a file"
+            )
+    elif connection.vendor == "mysql":
+        try:
+            connection.ensure_connection()
+        except Exception as error:  # noqa: BLE001 - reported, not raised
+            return [f"cannot connect to database {connection.alias!r}: {error}"]
+        version = tuple(connection.mysql_version)  # type: ignore[attr-defined]
+        if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+            if version < MIN_MARIADB:
+                problems.append(f"MariaDB {'.'.join(map(str, version))} is too old: django-durq needs 10.6 or newer (SKIP LOCKED)")
+        elif version < MIN_MYSQL:
+            problems.append(f"MySQL {'.'.join(map(str, version))} is too old: django-durq needs 8.0.1 or newer (SKIP LOCKED)")
+    return problems
+
+
+def sqlite_setup_warnings(settings_dict: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(id, message, hint) for a SQLite database set up without the options a busy queue needs."""
+    options = settings_dict.get("OPTIONS") or {}
+    warnings = []
+    init_command = str(options.get("init_command", "")).lower().replace(" ", "")
+    if "journal_mode=wal" not in init_command:
+        warnings.append(
+            (
+                "durq.W001",
+                f"SQLite database {settings_dict.get('NAME')!r} is not set to WAL mode; in the default rollback "
+                "journal a worker and the web app block each other's reads and writes",
+                'Add "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;" to OPTIONS.',
+            )
+        )
+    if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        warnings.append(
+            (
+                "durq.W002",
+                "SQLite transactions are DEFERRED; a transaction that reads then writes fails with "
+                '"database is locked" at once instead of waiting for the busy timeout',
+                'Add "transaction_mode": "IMMEDIATE" to OPTIONS (Django 5.1 or newer).',
+            )
+        )
+    return warnings
+
+
+def database_now_ms(connection: BaseDatabaseWrapper) -> int | None:
+    """The database server's clock, for skew checks; None where the database shares our host."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint")
+        elif connection.vendor == "mysql":
+            cursor.execute("SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)")
+        else:
+            return None
+        return int(cursor.fetchone()[0])

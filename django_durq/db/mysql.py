@@ -1,0 +1,79 @@
+"""MariaDB / MySQL: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction.
+
+MariaDB has no ``UPDATE … RETURNING``, so the claim reads the rows it locks and computes the
+new token and attempt count itself; the row locks make that exact. Needs MariaDB ≥ 10.6 or
+MySQL ≥ 8.0.1 for SKIP LOCKED (a system check enforces it). Any number of hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import transaction
+
+from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
+
+_COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
+
+_PICK_EXPIRED = f"""
+SELECT {_COLUMNS} FROM {JOB}
+WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+ORDER BY lease_expires_ms LIMIT %s
+FOR UPDATE SKIP LOCKED
+"""
+
+_PICK_DUE = f"""
+SELECT {_COLUMNS} FROM {JOB}
+WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
+ORDER BY priority DESC, run_at_ms, id LIMIT %s
+FOR UPDATE SKIP LOCKED
+"""
+
+# Deadlock found; lock wait timeout: both roll back the statement and are safe to retry.
+_LOCK_ERRNOS = {1213, 1205}
+
+
+class MySQLDialect(Dialect):
+    vendor = "mysql"
+    exclusivity = "any number of hosts"
+
+    def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        alias = self.connection.alias
+        with transaction.atomic(using=alias):
+            rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, limit))
+            if len(rows) < limit:
+                rows += self.fetchall(_PICK_DUE, (queue, now_ms, limit - len(rows)))
+            if not rows:
+                return []
+            ids = [row[0] for row in rows]
+            marks = ", ".join(["%s"] * len(ids))
+            self.execute(
+                f"UPDATE {JOB} SET reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END,"
+                " status = 'running', attempts = attempts + 1, claim_token = claim_token + 1,"
+                f" claimed_by = %s, started_ms = %s, lease_expires_ms = %s + lease_ms WHERE id IN ({marks})",
+                [worker_id, now_ms, now_ms, *ids],
+            )
+        jobs = []
+        width = len(CLAIM_COLUMNS)
+        for row in rows:
+            job = ClaimedJob.from_row(row[:width])
+            previous_status, previous_holder = row[width], row[width + 1]
+            job.attempts += 1
+            job.claim_token += 1
+            job.reclaimed_from = previous_holder if previous_status == "running" else None
+            jobs.append(job)
+        return jobs
+
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+        for row in rows:
+            self.execute(
+                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES (%s, %s, %s, %s, %s)"
+                " ON DUPLICATE KEY UPDATE finished = finished + VALUES(finished),"
+                " failed = failed + VALUES(failed), dead = dead + VALUES(dead)",
+                row,
+            )
+
+    def is_lock_error(self, error: BaseException) -> bool:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        args = getattr(cause, "args", ())
+        return bool(args) and args[0] in _LOCK_ERRNOS

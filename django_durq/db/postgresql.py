@@ -1,0 +1,75 @@
+"""PostgreSQL: ``FOR UPDATE SKIP LOCKED`` in the picking CTEs, then one ``UPDATE … RETURNING``.
+
+Row locks make the claim exclusive for any number of hosts. Concurrent claimers skip rows
+another claimer has locked instead of queueing behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
+
+# A CTE that locks rows is always materialized, so it works as an optimization fence: the
+# planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
+_CLAIM = f"""
+WITH expired AS (
+    SELECT id, priority, run_at_ms FROM {JOB}
+    WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+    ORDER BY lease_expires_ms LIMIT %s
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id, priority, run_at_ms FROM {JOB}
+    WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
+    ORDER BY priority DESC, run_at_ms, id LIMIT %s
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT %s
+)
+UPDATE {JOB} AS job SET
+    status = 'running',
+    attempts = job.attempts + 1,
+    claim_token = job.claim_token + 1,
+    claimed_by = %s,
+    started_ms = %s,
+    lease_expires_ms = %s + job.lease_ms,
+    reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
+FROM picked WHERE job.id = picked.id
+RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
+"""
+
+# SQLSTATEs of contention worth a retry: deadlock, serialization failure, lock not available.
+_LOCK_STATES = {"40P01", "40001", "55P03"}
+
+NOTIFY_CHANNEL = "durq"
+
+
+class PostgreSQLDialect(Dialect):
+    vendor = "postgresql"
+    exclusivity = "any number of hosts"
+    supports_notify = True
+
+    def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        params = (queue, now_ms, limit, queue, now_ms, limit, limit, worker_id, now_ms, now_ms)
+        jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM, params)]
+        jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
+        return jobs
+
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+        for row in rows:
+            self.execute(
+                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES (%s, %s, %s, %s, %s)"
+                " ON CONFLICT (queue, minute_ms) DO UPDATE SET finished = durq_queue_stat.finished + excluded.finished,"
+                " failed = durq_queue_stat.failed + excluded.failed, dead = durq_queue_stat.dead + excluded.dead",
+                row,
+            )
+
+    def notify(self, queues: Sequence[str]) -> None:
+        # NOTIFY is transactional: inside atomic() it is delivered only if the enqueue commits.
+        for queue in sorted(set(queues)):
+            self.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, queue))
+
+    def is_lock_error(self, error: BaseException) -> bool:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        return state in _LOCK_STATES

@@ -1,0 +1,70 @@
+"""SQLite: writers are serialized, so one ``UPDATE … RETURNING`` claims exclusively.
+
+The UPDATE takes the write lock before it evaluates its subquery, so a second claimer waits
+for the first to commit and then no longer sees the rows it took. That holds for processes on
+one host sharing the database file; it says nothing about a file on a network share.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
+
+_CLAIM = f"""
+UPDATE {JOB} SET
+    status = 'running',
+    attempts = attempts + 1,
+    claim_token = claim_token + 1,
+    claimed_by = %s,
+    started_ms = %s,
+    lease_expires_ms = %s + lease_ms,
+    reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END
+WHERE id IN (
+    SELECT id FROM (
+        SELECT id FROM {JOB}
+        WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+        ORDER BY lease_expires_ms LIMIT %s)
+    UNION ALL
+    SELECT id FROM (
+        SELECT id FROM {JOB}
+        WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
+        ORDER BY priority DESC, run_at_ms, id LIMIT %s)
+    LIMIT %s)
+RETURNING {", ".join(CLAIM_COLUMNS)}
+"""
+
+_LOCK_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+class SQLiteDialect(Dialect):
+    vendor = "sqlite"
+    exclusivity = "processes on one host sharing the database file"
+
+    def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        params = (worker_id, now_ms, now_ms, queue, now_ms, limit, queue, now_ms, limit, limit)
+        jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM, params)]
+        # RETURNING gives rows in no defined order; hand them out in claim order.
+        jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
+        return jobs
+
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+        for row in rows:
+            self.execute(
+                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES (%s, %s, %s, %s, %s)"
+                " ON CONFLICT (queue, minute_ms) DO UPDATE SET finished = finished + excluded.finished,"
+                " failed = failed + excluded.failed, dead = dead + excluded.dead",
+                row,
+            )
+
+    def is_lock_error(self, error: BaseException) -> bool:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        code = getattr(cause, "sqlite_errorcode", None)
+        if code is not None:
+            return (code & 0xFF) in _LOCK_CODES
+        return isinstance(cause, sqlite3.OperationalError) and "locked" in str(cause)
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits to the file: a wake-up check with no lock."""
+        return int(self.fetchall("PRAGMA data_version")[0][0])

@@ -1,0 +1,137 @@
+"""Putting jobs in the queue: validate at the boundary, insert in the caller's transaction, wake on commit.
+
+Everything that can be refused (unknown name, arguments that are not JSON, a payload over the
+cap) is refused before any SQL runs, so a refused enqueue leaves a caller's open transaction
+usable. A dedupe key that is already taken by an active job returns that job
+(``job.deduplicated`` is True) instead of raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from . import wakeup
+from .clock import datetime_to_ms, now_ms, seconds_to_ms
+from .conf import DEFAULT_QUEUE, get_settings
+from .db import dialect_for
+from .exceptions import InvalidPayload
+from .models import ACTIVE_STATUSES, Job, Status
+from .payload import encode_arguments
+from .registry import JobDefinition, registry
+
+
+def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
+    """Queue the job registered as ``name``; raises ``UnknownJobType`` for a name with no handler."""
+    return registry.require(name).enqueue(*args, **kwargs)
+
+
+def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    registry.require(definition.name)
+    job = _build(definition, args, kwargs)
+    alias = get_settings().database
+    if job.unique_key is None:
+        job.save(using=alias, force_insert=True)
+    else:
+        job = _insert_unique(job, alias)
+        if job.deduplicated:
+            return job
+    _wake_on_commit(alias, [job.queue])
+    return job
+
+
+def enqueue_many(definition: JobDefinition, items: list[dict[str, Any]]) -> list[Job]:
+    registry.require(definition.name)
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidPayload(f"items[{index}] is {type(item).__name__}; enqueue_many takes keyword dicts", path=f"items[{index}]")
+    if definition.options.unique is not None:
+        return [enqueue_one(definition, [], dict(item)) for item in items]
+    jobs = [_build(definition, [], dict(item)) for item in items]
+    if not jobs:
+        return []
+    alias = get_settings().database
+    created = Job.objects.using(alias).bulk_create(jobs)
+    _wake_on_commit(alias, sorted({job.queue for job in created}))
+    return created
+
+
+def on_commit_of(using: str, enqueue_call: Callable[[], Any]) -> None:
+    """Enqueue when the transaction on ``using`` commits (for a queue that lives in another database).
+
+    When ``DURQ["DATABASE"]`` differs from the database your data is written to, an enqueue is
+    not part of your transaction; this runs it after that transaction commits, and not at all
+    when it rolls back.
+    """
+    transaction.on_commit(enqueue_call, using=using)
+
+
+def _build(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    settings = get_settings()
+    options = definition.options
+    created = now_ms()
+    if options.run_at is not None:
+        run_at = datetime_to_ms(options.run_at)
+    elif options.run_in is not None:
+        run_at = created + seconds_to_ms(options.run_in)
+    else:
+        run_at = created
+    queue = options.queue or definition.queue or DEFAULT_QUEUE
+    if not isinstance(queue, str) or ":" in queue or len(queue) > 100:
+        raise ValueError(f"queue name {queue!r} is not valid: at most 100 characters, no ':'")
+    unique = options.unique
+    if unique is not None and (not isinstance(unique, str) or not unique or len(unique) > 255):
+        raise ValueError("unique must be a non-empty string of at most 255 characters")
+    lease_ms = seconds_to_ms(options.lease) if options.lease is not None else (definition.lease_ms or settings.lease_ms)
+    if options.timeout is not None:
+        timeout_ms: int | None = seconds_to_ms(options.timeout)
+    else:
+        timeout_ms = definition.timeout_ms or settings.timeout_ms
+    max_attempts = options.max_attempts or definition.max_attempts or settings.max_attempts
+    priority = options.priority if options.priority is not None else definition.priority
+    if not -32768 <= priority <= 32767:
+        raise ValueError(f"priority {priority} is out of range (-32768 to 32767)")
+    return Job(
+        name=definition.name,
+        queue=queue,
+        priority=priority,
+        status=Status.WAITING,
+        arguments=encode_arguments(args, kwargs, settings.max_payload_bytes),
+        attempts=0,
+        max_attempts=max_attempts,
+        run_at_ms=run_at,
+        created_ms=created,
+        lease_ms=lease_ms,
+        timeout_ms=timeout_ms,
+        unique_key=unique,
+    )
+
+
+def _insert_unique(job: Job, alias: str) -> Job:
+    # The savepoint keeps a caller's transaction usable when the key turns out to be taken
+    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError).
+    for _ in range(10):
+        try:
+            with transaction.atomic(using=alias):
+                job.save(using=alias, force_insert=True)
+            return job
+        except IntegrityError:
+            job.pk = None
+            existing = (
+                Job.objects.using(alias).filter(unique_key=job.unique_key, status__in=ACTIVE_STATUSES).order_by("id").first()
+            )
+            if existing is not None:
+                existing.deduplicated = True
+                return existing
+            # The holder of the key finished between our insert and our look-up: try again.
+    raise IntegrityError(f"could not enqueue with unique key {job.unique_key!r}: it keeps changing hands")
+
+
+def _wake_on_commit(alias: str, queues: Sequence[str]) -> None:
+    connection = connections[alias]
+    dialect = dialect_for(connection)
+    if dialect.supports_notify:
+        dialect.notify(queues)
+    transaction.on_commit(lambda: wakeup.notify(queues), using=alias)

@@ -1,0 +1,161 @@
+"""``manage.py durq_worker``: run the queue's worker pools in this process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from django.core.management import BaseCommand, CommandError, CommandParser
+from django.core.management.base import SystemCheckError
+from django.db import connections
+
+from ...conf import get_settings
+from ...db.checks import database_problems
+from ...registry import registry
+from ...worker import Supervisor
+from ...worker.runtime import Runtime
+
+USAGE_ERROR = 2
+
+
+def parse_queue_spec(spec: str, default_size: int) -> tuple[str, int]:
+    """``video`` or ``video:2`` -> (name, pool size); ValueError with a one-line reason."""
+    name, sep, size_text = spec.partition(":")
+    if not name:
+        raise ValueError(f"--queue {spec!r}: the queue name is empty")
+    if not sep:
+        return name, default_size
+    try:
+        size = int(size_text)
+    except ValueError:
+        raise ValueError(f"--queue {spec!r}: pool size {size_text!r} is not a whole number") from None
+    if size < 1:
+        raise ValueError(f"--queue {spec!r}: pool size must be at least 1")
+    return name, size
+
+
+class Command(BaseCommand):
+    help = "Run durq worker pools: one bounded pool of threads per named queue."
+    requires_system_checks: list[str] = []  # run below, so that an error exits with status 2
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            action="append",
+            default=[],
+            metavar="NAME[:SIZE]",
+            help="Queue to work, optionally with its pool size; repeat for several. Default: every queue in settings.",
+        )
+        parser.add_argument("--burst", action="store_true", help="Exit 0 once no due job remains.")
+        parser.add_argument("--max-jobs", type=str, default=None, help="Exit cleanly after this many jobs.")
+        parser.add_argument("--max-memory", type=str, default=None, metavar="MB", help="Exit cleanly once RSS is above this.")
+        parser.add_argument("--grace", type=str, default=None, metavar="SECONDS", help="How long shutdown waits for running jobs.")
+        parser.add_argument("--worker-id", default=None, help="Name of this worker process (default host:pid:random).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._run(options)
+        except ValueError as error:
+            raise CommandError(str(error), returncode=USAGE_ERROR) from None
+
+    def _run(self, options: dict[str, Any]) -> None:
+        settings = get_settings()
+        queues = self._queues(options["queue"], settings)
+        max_jobs = _positive(options["max_jobs"], "--max-jobs", int)
+        max_memory = _positive(options["max_memory"], "--max-memory", float)
+        grace = _non_negative(options["grace"], "--grace")
+        problems = database_problems(connections[settings.database], for_worker=True)
+        if problems:
+            raise ValueError(problems[0])
+        try:
+            self.check(display_num_errors=False)
+        except SystemCheckError as error:
+            raise CommandError(f"system checks failed; fix these first:\n{error}", returncode=USAGE_ERROR) from None
+        _configure_logging(options["verbosity"])
+
+        supervisor = Supervisor(
+            queues,
+            settings,
+            burst=options["burst"],
+            max_jobs=max_jobs,
+            max_memory_mb=max_memory,
+            grace_ms=round(grace * 1000) if grace is not None else None,
+            worker_id=options["worker_id"],
+            on_tick=self._progress if options["burst"] and self.stdout.isatty() else None,
+        )
+        supervisor.install_signal_handlers()
+        self._started = time.monotonic()
+        self._last_progress = 0.0
+        code = supervisor.run()
+        if options["burst"]:
+            self._summary(supervisor.runtime)
+        if code:
+            sys.exit(code)
+
+    def _queues(self, specs: list[str], settings: Any) -> dict[str, int]:
+        known = set(settings.queues) | registry.queues()
+        if not specs:
+            return {name: queue.concurrency for name, queue in settings.queues.items()}
+        queues: dict[str, int] = {}
+        for spec in specs:
+            name, size = parse_queue_spec(spec, settings.queue(spec.partition(":")[0]).concurrency)
+            if name not in known:
+                raise ValueError(
+                    f"--queue {name!r}: no setting or job names this queue (known: {', '.join(sorted(known))})"
+                )
+            queues[name] = size
+        return queues
+
+    def _progress(self, runtime: Runtime) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < 0.5:
+            return
+        self._last_progress = now
+        elapsed = max(now - self._started, 1e-9)
+        self.stdout.write(f"\r  {runtime.jobs_done} jobs done, {runtime.jobs_done / elapsed:,.0f} jobs/s", ending="")
+        self.stdout.flush()
+
+    def _summary(self, runtime: Runtime) -> None:
+        elapsed = time.monotonic() - self._started
+        if self.stdout.isatty():
+            self.stdout.write("")
+        self.stdout.write(f"durq_worker --burst: {runtime.jobs_done} jobs in {elapsed:.1f} s")
+        width = max([len(name) for name in runtime.outcomes] + [7])
+        for outcome, count in sorted(runtime.outcomes.items()):
+            self.stdout.write(f"  {outcome:<{width}}  {count:>8}")
+
+
+def _positive(text: str | None, flag: str, kind: type) -> Any:
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{flag} must be greater than 0, not {text}")
+    return value
+
+
+def _non_negative(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} is not a number of seconds") from None
+    if value < 0:
+        raise ValueError(f"{flag} must be 0 or more seconds")
+    return value
+
+
+def _configure_logging(verbosity: int) -> None:
+    logger = logging.getLogger("django_durq")
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)

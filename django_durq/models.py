@@ -1,0 +1,215 @@
+"""The queue's tables: jobs, live worker processes, cron schedule state, duty leases, per-minute counts.
+
+Times are integer epoch milliseconds (see ``clock.py``). The hot statements (claim, renew,
+complete) are raw SQL in ``db/``; this module holds the schema and a readable QuerySet vocabulary
+for everything else (admin, ops, tests).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.db import models
+from django.db.models import Case, F, Q, When
+
+from .clock import ms_to_datetime
+
+
+class Status(models.TextChoices):
+    WAITING = "waiting", "Waiting"
+    RUNNING = "running", "Running"
+    FINISHED = "finished", "Finished"
+    DEAD = "dead", "Dead"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_STATUSES = (Status.WAITING, Status.RUNNING)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def in_queue(self, queue: str) -> JobQuerySet:
+        return self.filter(queue=queue)
+
+    def active(self) -> JobQuerySet:
+        return self.filter(status__in=ACTIVE_STATUSES)
+
+    def waiting(self) -> JobQuerySet:
+        return self.filter(status=Status.WAITING)
+
+    def due(self, now_ms: int) -> JobQuerySet:
+        return self.filter(status=Status.WAITING, run_at_ms__lte=now_ms)
+
+    def delayed(self, now_ms: int) -> JobQuerySet:
+        return self.filter(status=Status.WAITING, run_at_ms__gt=now_ms)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def dead(self) -> JobQuerySet:
+        return self.filter(status=Status.DEAD)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(status=Status.FINISHED)
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=200, help_text="Registered job name; resolved through the registry only.")
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.WAITING)
+    arguments = models.TextField(help_text='JSON: {"args": [...], "kwargs": {...}}.')
+    result = models.TextField(null=True, blank=True, help_text="JSON return value, kept while finished jobs are retained.")
+    attempts = models.PositiveIntegerField(default=0, help_text="Claims so far; counted at claim.")
+    max_attempts = models.PositiveIntegerField(default=5)
+    run_at_ms = models.BigIntegerField(help_text="Due time: not claimed before it.")
+    created_ms = models.BigIntegerField()
+    started_ms = models.BigIntegerField(null=True, blank=True, help_text="Start of the latest attempt.")
+    finished_ms = models.BigIntegerField(null=True, blank=True, help_text="When it became finished, dead or cancelled.")
+    lease_ms = models.PositiveIntegerField(help_text="Lease length granted at each claim.")
+    lease_expires_ms = models.BigIntegerField(null=True, blank=True)
+    timeout_ms = models.PositiveIntegerField(null=True, blank=True)
+    claim_token = models.BigIntegerField(default=0, help_text="Fencing token: incremented at each claim.")
+    claimed_by = models.CharField(max_length=200, blank=True, default="", help_text="Worker holding (or last holding) the lease.")
+    reclaimed_from = models.CharField(max_length=200, null=True, blank=True, help_text="Set by a claim that took over an expired lease.")
+    stop_requested = models.BooleanField(default=False, help_text="Cooperative stop asked by an operator.")
+    progress_done = models.BigIntegerField(null=True, blank=True)
+    progress_total = models.BigIntegerField(null=True, blank=True)
+    errors = models.TextField(default="[]", help_text="JSON list: one entry per failed attempt.")
+    unique_key = models.CharField(max_length=255, null=True, blank=True, help_text="Dedupe key.")
+    # The dedupe key while the job is active, NULL otherwise. A plain unique index on this column
+    # gives "one active job per key" on every database, MariaDB included (it has no partial
+    # indexes, and Django drops a conditional UniqueConstraint there with models.W036). Dead and
+    # finished jobs map to NULL, so a failure never owns a key forever.
+    unique_active = models.GeneratedField(
+        expression=Case(When(status__in=["waiting", "running"], then=F("unique_key")), default=None),
+        output_field=models.CharField(max_length=255, null=True),
+        db_persist=True,
+    )
+
+    objects: ClassVar[models.Manager[Job]] = JobQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        db_table = "durq_job"
+        indexes = [
+            # Serves the claim: per queue and status, highest priority first, then earliest due.
+            models.Index(fields=["queue", "status", "-priority", "run_at_ms", "id"], name="durq_job_claim"),
+            # Serves "when is the next job due" (the idle probe) without scanning priorities.
+            models.Index(fields=["queue", "status", "run_at_ms"], name="durq_job_due"),
+            # Serves the dead-letter page, retention and purge by age.
+            models.Index(fields=["status", "finished_ms"], name="durq_job_status_finished"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["unique_active"], name="durq_job_unique_active"),
+            models.CheckConstraint(condition=Q(status__in=Status.values), name="durq_job_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}#{self.pk} ({self.status})"
+
+    deduplicated: bool = False
+
+    @property
+    def args(self) -> list[Any]:
+        return list(json.loads(self.arguments)["args"])
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(json.loads(self.arguments)["kwargs"])
+
+    @property
+    def error_list(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.errors or "[]"))
+
+    @property
+    def last_error(self) -> dict[str, Any] | None:
+        errors = self.error_list
+        return errors[-1] if errors else None
+
+    @property
+    def run_at(self) -> datetime | None:
+        return ms_to_datetime(self.run_at_ms)
+
+    @property
+    def created_at(self) -> datetime | None:
+        return ms_to_datetime(self.created_ms)
+
+    @property
+    def started_at(self) -> datetime | None:
+        return ms_to_datetime(self.started_ms)
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return ms_to_datetime(self.finished_ms)
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        return ms_to_datetime(self.lease_expires_ms)
+
+
+class WorkerProcess(models.Model):
+    """One row per live ``durq_worker`` process; removed at clean exit, stale rows age out."""
+
+    worker_id = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    queues = models.TextField(help_text="JSON object: queue name -> pool size.")
+    started_ms = models.BigIntegerField()
+    last_seen_ms = models.BigIntegerField()
+    jobs_done = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "durq_worker"
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class Schedule(models.Model):
+    """Claim state of one cron schedule: the next due time is taken by compare-and-set."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    cron = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64, default="UTC")
+    next_due_ms = models.BigIntegerField()
+    last_due_ms = models.BigIntegerField(null=True, blank=True)
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    updated_ms = models.BigIntegerField()
+
+    class Meta:
+        db_table = "durq_schedule"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DutyLease(models.Model):
+    """Which worker runs a maintenance duty (cron, pruning) right now: one per database."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    holder = models.CharField(max_length=200)
+    expires_ms = models.BigIntegerField()
+
+    class Meta:
+        db_table = "durq_duty_lease"
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder}"
+
+
+class QueueStat(models.Model):
+    """Jobs finished, failed and buried per queue per minute, for the dashboard and stats."""
+
+    queue = models.CharField(max_length=100)
+    minute_ms = models.BigIntegerField()
+    finished = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    dead = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "durq_queue_stat"
+        constraints = [models.UniqueConstraint(fields=["queue", "minute_ms"], name="durq_queue_stat_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}@{self.minute_ms}"

@@ -1,0 +1,77 @@
+"""The queue's writes and reads as the worker needs them, made robust to a flaky database.
+
+Every call goes through :meth:`Store.retrying`: contention ("database is locked", deadlocks)
+is retried after a short jittered wait, and a dropped connection is closed so Django opens a
+fresh one on the next try. These errors are logged at WARNING and never reach a handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError, connections
+
+from .db import ClaimedJob, Dialect, Lease, dialect_for
+
+logger = logging.getLogger("django_durq")
+
+T = TypeVar("T")
+
+
+class Store:
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    @property
+    def dialect(self) -> Dialect:
+        # Django connections are per thread, so the dialect is built for the calling thread.
+        return dialect_for(connections[self.alias])
+
+    def retrying(self, what: str, operation: Callable[[Dialect], T], give_up_after_s: float = 120.0) -> T:
+        """Run ``operation`` until it succeeds, waiting out contention and reconnecting after drops."""
+        started = time.monotonic()
+        delay = 0.005
+        tries = 0
+        while True:
+            connection = connections[self.alias]
+            dialect = dialect_for(connection)
+            try:
+                return operation(dialect)
+            except (OperationalError, InterfaceError) as error:
+                if connection.in_atomic_block:
+                    raise  # the caller's transaction is gone; only the caller can retry it
+                tries += 1
+                contention = dialect.is_lock_error(error)
+                if not contention:
+                    _drop_connection(connection)
+                if time.monotonic() - started > give_up_after_s:
+                    raise
+                level = logging.DEBUG if contention and tries < 20 else logging.WARNING
+                logger.log(level, "durq: %s failed (%s); retry %d in %.0f ms", what, _one_line(error), tries, delay * 1000)
+                time.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, 1.0 if contention else 5.0)
+
+    def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        return self.retrying("claim", lambda d: d.claim(queue, limit, now_ms, worker_id))
+
+    def next_due_ms(self, queue: str) -> int | None:
+        return self.retrying("probe", lambda d: d.next_due_ms(queue))
+
+    def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[int, bool]:
+        return self.retrying("heartbeat", lambda d: d.renew(leases, now_ms))
+
+
+def _drop_connection(connection: object) -> None:
+    try:
+        connection.close()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the connection is already broken; forget it
+        connection.connection = None  # type: ignore[attr-defined]
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,117 @@
+"""Maintenance duties (cron, pruning, stale worker rows), run by one worker per database at a time.
+
+A duty is a small object with ``name`` and ``run_once(now_ms) -> dict of counts``. Workers
+compete for one ``DutyLease`` row by compare-and-set; the holder runs every duty each interval
+and renews the lease, and if it dies another worker takes over once the lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Q
+
+from ..models import DutyLease, WorkerProcess
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+logger = logging.getLogger("django_durq")
+
+LEASE_NAME = "maintenance"
+INTERVAL_MS = 1_000
+
+
+class Duty(Protocol):
+    name: str
+
+    def run_once(self, now_ms: int) -> dict[str, int]: ...
+
+
+_duty_factories: list[Callable[[Runtime], Duty]] = []
+
+
+def register_duty(factory: Callable[[Runtime], Duty]) -> Callable[[Runtime], Duty]:
+    """Add a duty to every worker's maintenance runner (the factory gets the worker runtime)."""
+    if factory not in _duty_factories:
+        _duty_factories.append(factory)
+    return factory
+
+
+class StaleWorkers:
+    """Removes rows of worker processes that stopped heartbeating (killed, host lost)."""
+
+    name = "stale-workers"
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
+        deleted, _ = WorkerProcess.objects.using(self.runtime.settings.database).filter(last_seen_ms__lt=horizon).delete()
+        return {"removed": deleted}
+
+
+register_duty(StaleWorkers)
+
+
+def acquire_duty_lease(alias: str, holder: str, now_ms: int, ttl_ms: int, name: str = LEASE_NAME) -> bool:
+    """Take or renew the named lease by compare-and-set; True when ``holder`` holds it now."""
+    updated = (
+        DutyLease.objects.using(alias)
+        .filter(name=name)
+        .filter(Q(holder=holder) | Q(expires_ms__lt=now_ms))
+        .update(holder=holder, expires_ms=now_ms + ttl_ms)
+    )
+    if updated:
+        return True
+    try:
+        with transaction.atomic(using=alias):
+            DutyLease.objects.using(alias).create(name=name, holder=holder, expires_ms=now_ms + ttl_ms)
+        return True
+    except IntegrityError:
+        return False
+
+
+class MaintenanceRunner:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.duties = [factory(runtime) for factory in _duty_factories]
+        self.stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="durq-maintenance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def run_once(self, now_ms: int) -> dict[str, dict[str, int]] | None:
+        """Run every duty if this worker holds the lease; None when another worker does."""
+        runtime = self.runtime
+        ttl = max(10 * INTERVAL_MS, 3 * runtime.settings.heartbeat_interval_ms)
+        held = runtime.store.retrying(
+            "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, ttl)
+        )
+        if not held:
+            return None
+        results: dict[str, dict[str, int]] = {}
+        for duty in self.duties:
+            try:
+                results[duty.name] = runtime.store.retrying(duty.name, lambda d, duty=duty: duty.run_once(now_ms))
+            except Exception:  # noqa: BLE001 - one failing duty must not stop the others
+                logger.exception("durq: maintenance duty %s failed", duty.name)
+        return results
+
+    def _loop(self) -> None:
+        try:
+            while not self.stopped.wait(INTERVAL_MS / 1000):
+                self.run_once(self.runtime.clock.now_ms())
+        finally:
+            connections.close_all()

@@ -1,0 +1,95 @@
+"""What the pools, the monitor and the supervisor of one worker process share."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections import defaultdict
+
+from ..clock import Clock
+from ..conf import DurqSettings
+from ..executor import DEAD, FINISHED, RETRYING, Executor
+from ..store import Store
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Runtime:
+    def __init__(
+        self,
+        *,
+        settings: DurqSettings,
+        clock: Clock,
+        worker_id: str | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.store = Store(settings.database)
+        self.worker_id = worker_id or new_worker_id()
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.poll_s = settings.poll_interval_ms / 1000
+        self.executor = Executor(self.store, settings, clock, self.worker_id, count=self.count)
+        self.stop_claiming = threading.Event()  # no new claims (signal, --max-jobs, --max-memory, error)
+        self.shutdown = threading.Event()  # running handlers are asked to stop (signals only)
+        self.wake_supervisor = threading.Event()
+        self.stop_reason = ""
+        self._lock = threading.Lock()
+        self._claimed = 0
+        self.jobs_done = 0
+        self.outcomes: dict[str, int] = defaultdict(int)
+        self._stats: dict[tuple[str, int], list[int]] = {}
+
+    def request_stop(self, reason: str = "stopping") -> None:
+        with self._lock:
+            if not self.stop_reason:
+                self.stop_reason = reason
+        self.stop_claiming.set()
+        self.wake_supervisor.set()
+
+    def claim_budget(self, free: int) -> int:
+        """How many of ``free`` slots may claim, honouring ``--max-jobs``; reserves them."""
+        with self._lock:
+            if self.max_jobs is None:
+                return free
+            allowed = max(0, min(free, self.max_jobs - self._claimed))
+            self._claimed += allowed
+            return allowed
+
+    def unclaimed(self, count: int) -> None:
+        """Give back budget reserved for claims that came back short."""
+        if self.max_jobs is None or count <= 0:
+            return
+        with self._lock:
+            self._claimed -= count
+
+    def job_done(self, outcome: str) -> None:
+        with self._lock:
+            self.jobs_done += 1
+            self.outcomes[outcome] += 1
+            done = self.jobs_done
+        if self.max_jobs is not None and done >= self.max_jobs:
+            self.request_stop(f"--max-jobs {self.max_jobs} reached")
+
+    def count(self, queue: str, outcome: str) -> None:
+        minute = self.clock.now_ms() // 60_000 * 60_000
+        with self._lock:
+            row = self._stats.setdefault((queue, minute), [0, 0, 0])
+            if outcome == FINISHED:
+                row[0] += 1
+            elif outcome == RETRYING:
+                row[1] += 1
+            elif outcome == DEAD:
+                row[1] += 1
+                row[2] += 1
+
+    def take_stats(self) -> list[tuple[str, int, int, int, int]]:
+        with self._lock:
+            stats, self._stats = self._stats, {}
+        return [(queue, minute, *counts) for (queue, minute), counts in sorted(stats.items())]  # type: ignore[misc]

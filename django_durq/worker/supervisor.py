@@ -1,0 +1,173 @@
+"""One worker process: a pool per named queue, signals, graceful shutdown.
+
+Signal handlers only record and wake; the main loop decides. The first SIGTERM or SIGINT stops
+claiming and makes ``ctx.should_stop()`` true; running jobs get the grace period, then the
+leases of jobs still running are released so another worker takes them at once. Repeated
+SIGTERMs change nothing (process managers resend them); a second SIGINT (Ctrl-C twice) or a
+SIGQUIT exits at once, leaving those leases to expire.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from django.db import connections
+
+from ..clock import Clock, SystemClock
+from ..conf import DurqSettings
+from ..db import dialect_for
+from ..models import WorkerProcess
+from .maintenance import MaintenanceRunner
+from .monitor import Monitor
+from .pool import Pool
+from .runtime import Runtime
+from .watcher import Watcher
+
+logger = logging.getLogger("django_durq")
+
+
+class Supervisor:
+    def __init__(
+        self,
+        queues: dict[str, int],
+        settings: DurqSettings,
+        *,
+        clock: Clock | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        max_memory_mb: float | None = None,
+        grace_ms: int | None = None,
+        worker_id: str | None = None,
+        on_tick: Callable[[Runtime], None] | None = None,
+    ) -> None:
+        self.queues = queues
+        self.settings = settings
+        self.runtime = Runtime(settings=settings, clock=clock or SystemClock(), worker_id=worker_id, burst=burst, max_jobs=max_jobs)
+        self.pools = [Pool(name, size, self.runtime) for name, size in queues.items()]
+        self.monitor = Monitor(self.runtime, self.pools, max_memory_mb)
+        self.watcher = Watcher(settings.database)
+        self.maintenance = MaintenanceRunner(self.runtime)
+        self.grace_ms = settings.shutdown_grace_ms if grace_ms is None else grace_ms
+        self.on_tick = on_tick
+        self._signals = 0
+        self._interrupts = 0
+
+    # --- signals -------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGQUIT, self._on_quit)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                self._on_quit(signum, frame)
+        self._signals += 1
+        self.runtime.shutdown.set()
+        self.runtime.request_stop(f"received {signal.Signals(signum).name}")
+
+    def _on_quit(self, signum: int, frame: FrameType | None) -> None:
+        os.write(2, b"durq: second interrupt: exiting now; leases of running jobs will expire\n")
+        os._exit(1)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        runtime = self.runtime
+        alias = self.settings.database
+        dialect = dialect_for(connections[alias])
+        logger.info(
+            "durq: worker %s started; queues %s; database %r (%s): claims are exclusive across %s",
+            runtime.worker_id,
+            ", ".join(f"{name}:{size}" for name, size in self.queues.items()),
+            alias,
+            dialect.vendor,
+            dialect.exclusivity,
+        )
+        self._register()
+        self.watcher.start()
+        for pool in self.pools:
+            pool.start()
+        self.monitor.start()
+        if not runtime.burst:
+            self.maintenance.start()
+        try:
+            while not all(pool.finished.is_set() for pool in self.pools):
+                runtime.wake_supervisor.wait(0.1)
+                runtime.wake_supervisor.clear()
+                if self.on_tick is not None:
+                    self.on_tick(runtime)
+                if runtime.stop_claiming.is_set():
+                    self._drain()
+                    break
+        finally:
+            self.maintenance.stop()
+            self.monitor.stop()
+            self.monitor.flush(runtime.clock.now_ms())
+            self.watcher.stop()
+            self._unregister()
+            connections.close_all()
+        logger.info("durq: worker %s stopped (%s); %d jobs done", runtime.worker_id, runtime.stop_reason or "burst done", runtime.jobs_done)
+        return 0
+
+    def _drain(self) -> None:
+        """Wait up to the grace period for running jobs, then hand back the leases still held."""
+        runtime = self.runtime
+        deadline = time.monotonic() + self.grace_ms / 1000
+        for pool in self.pools:
+            pool.kick.set()
+        while time.monotonic() < deadline:
+            if all(pool.finished.is_set() for pool in self.pools):
+                return
+            if all(pool.busy() == 0 for pool in self.pools):
+                time.sleep(0.01)
+                continue
+            runtime.wake_supervisor.wait(0.05)
+            runtime.wake_supervisor.clear()
+        leases = [entry.ctx.lease for pool in self.pools for entry in pool.running() if not entry.abandoned]
+        if leases:
+            released = runtime.store.retrying("release", lambda d: d.release(leases, runtime.clock.now_ms()))
+            for pool in self.pools:
+                for entry in pool.running():
+                    entry.ctx.lease_lost = True  # whatever the handler does next is not ours to record
+            logger.warning("durq: shutdown grace ran out; released %d running job(s) for other workers", released)
+
+    def _register(self) -> None:
+        now = self.runtime.clock.now_ms()
+        host, pid, _ = self.runtime.worker_id.split(":", 2)
+        self.runtime.store.retrying(
+            "register worker",
+            lambda d: WorkerProcess.objects.using(self.settings.database).update_or_create(
+                worker_id=self.runtime.worker_id,
+                defaults={
+                    "host": host,
+                    "pid": int(pid) if pid.isdigit() else os.getpid(),
+                    "queues": json.dumps(self.queues),
+                    "started_ms": now,
+                    "last_seen_ms": now,
+                    "jobs_done": 0,
+                },
+            ),
+        )
+
+    def _unregister(self) -> None:
+        try:
+            WorkerProcess.objects.using(self.settings.database).filter(worker_id=self.runtime.worker_id).delete()
+        except Exception:  # noqa: BLE001 - the row ages out; exiting matters more
+            logger.warning("durq: could not remove this worker's row; it will age out")
+
+
+def run_in_thread(supervisor: Supervisor) -> threading.Thread:
+    """Run a supervisor without signal handlers (embedding and tests)."""
+    thread = threading.Thread(target=supervisor.run, name="durq-supervisor", daemon=True)
+    thread.start()
+    return thread

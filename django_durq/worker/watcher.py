@@ -1,0 +1,108 @@
+"""Cross-process wake-up: other processes' enqueues kick this process's idle pools at once.
+
+PostgreSQL: a dedicated connection LISTENs; enqueue sends NOTIFY in its transaction, so the
+notification arrives only after commit. SQLite: ``PRAGMA data_version`` changes when another
+connection commits to the file; reading it takes no lock. MariaDB/MySQL have neither, and
+rely on the poll interval. On any trouble the watcher kicks every pool, so a lost
+notification costs at most one probe, never a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from typing import Any
+
+from django.db import connections
+
+from .. import wakeup
+from ..db import dialect_for
+from ..db.postgresql import NOTIFY_CHANNEL
+
+logger = logging.getLogger("django_durq")
+
+SQLITE_CHECK_S = 0.005
+
+
+class Watcher:
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.stopped = threading.Event()
+        self.vendor = connections[alias].vendor
+        self._thread = threading.Thread(target=self._run, name="durq-watcher", daemon=True)
+
+    @property
+    def active(self) -> bool:
+        return self.vendor in ("postgresql", "sqlite")
+
+    def start(self) -> None:
+        if self.active:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        delay = 0.1
+        while not self.stopped.is_set():
+            try:
+                if self.vendor == "postgresql":
+                    self._listen_postgresql()
+                else:
+                    self._watch_sqlite()
+                delay = 0.1
+            except Exception as error:  # noqa: BLE001 - reconnect; polling covers the gap
+                logger.warning("durq: wake-up watcher lost its connection (%s); reconnecting", type(error).__name__)
+                wakeup.notify_all()
+                self.stopped.wait(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                connections[self.alias].close()
+
+    def _watch_sqlite(self) -> None:
+        dialect = dialect_for(connections[self.alias])
+        last = dialect.data_version()  # type: ignore[attr-defined]
+        while not self.stopped.wait(SQLITE_CHECK_S):
+            version = dialect.data_version()  # type: ignore[attr-defined]
+            if version != last:
+                last = version
+                wakeup.notify_all()
+
+    def _listen_postgresql(self) -> None:
+        wrapper = connections[self.alias]
+        raw: Any = wrapper.get_new_connection(wrapper.get_connection_params())
+        try:
+            raw.autocommit = True
+            cursor = raw.cursor()
+            cursor.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            wakeup.notify_all()  # anything enqueued while we were not listening
+            if hasattr(raw, "notifies") and callable(raw.notifies):
+                self._pump_psycopg3(raw)
+            else:
+                self._pump_psycopg2(raw)
+        finally:
+            raw.close()
+
+    def _pump_psycopg3(self, raw: Any) -> None:
+        while not self.stopped.is_set():
+            ready, _, _ = select.select([raw.fileno()], [], [], 1.0)
+            if not ready:
+                raw.execute("SELECT 1")  # notices a dead connection
+                continue
+            queues = {notice.payload for notice in raw.notifies(timeout=0, stop_after=1000)}
+            wakeup.notify(queues)
+
+    def _pump_psycopg2(self, raw: Any) -> None:
+        while not self.stopped.is_set():
+            ready, _, _ = select.select([raw], [], [], 1.0)
+            raw.poll()
+            if raw.notifies:
+                queues = {notice.payload for notice in raw.notifies}
+                raw.notifies.clear()
+                wakeup.notify(queues)
+            elif not ready:
+                time.sleep(0)

@@ -1,0 +1,148 @@
+"""Handlers used by the tests; discovered like any app's jobs.py."""
+
+import os
+import time
+from datetime import timedelta
+
+from django.db import transaction
+
+from django_durq import Abort, Retry, job
+from django_durq.clock import now_ms
+
+from .models import Effect, Order
+
+
+def record(ctx, tag=""):
+    Effect.objects.create(job_id=ctx.job_id, token=ctx.claim_token, pid=os.getpid(), started_ms=ctx.started_ms, tag=tag)
+
+
+@job(name="tests.noop")
+def noop(ctx, **kwargs):
+    return None
+
+
+@job(name="tests.effect")
+def effect(ctx, tag="", sleep=0.0):
+    if sleep:
+        time.sleep(sleep)
+    with transaction.atomic():
+        record(ctx, tag)
+
+
+@job(name="tests.effect_fast", queue="fast")
+def effect_fast(ctx, tag=""):
+    record(ctx, tag)
+
+
+@job(name="tests.slow", queue="slow")
+def slow(ctx, seconds=5.0, tag="slow"):
+    time.sleep(seconds)
+    record(ctx, tag)
+
+
+@job(name="tests.fail", max_attempts=3)
+def fail(ctx, message="boom"):
+    record(ctx, "fail")
+    raise ValueError(message)
+
+
+@job(name="tests.fail_until")
+def fail_until(ctx, succeed_on=3):
+    record(ctx, f"attempt{ctx.attempt}:{ctx.is_last_attempt()}")
+    if ctx.attempt < succeed_on:
+        raise RuntimeError(f"attempt {ctx.attempt} fails")
+    return {"attempt": ctx.attempt}
+
+
+@job(name="tests.raise_base")
+def raise_base(ctx, kind="SystemExit"):
+    import sys
+
+    if kind == "SystemExit":
+        raise SystemExit(3)
+    if kind == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    if kind == "GeneratorExit":
+        raise GeneratorExit
+    if kind == "MemoryError":
+        raise MemoryError("pretend")
+    if kind == "RecursionError":
+
+        def deep(n):
+            return deep(n + 1) + 1
+
+        deep(0)
+    if kind == "BadStr":
+
+        class BadStr(Exception):
+            def __str__(self):
+                raise RuntimeError("no str for you")
+
+        raise BadStr()
+    sys.exit(0)
+
+
+@job(name="tests.retry_explicit")
+def retry_explicit(ctx, seconds=30):
+    if ctx.attempt == 1:
+        raise Retry(after=timedelta(seconds=seconds), reason="not yet")
+    record(ctx, "retried")
+
+
+@job(name="tests.abort")
+def abort(ctx):
+    raise Abort("never going to work")
+
+
+@job(name="tests.read_order")
+def read_order(ctx, order_id):
+    Order.objects.get(pk=order_id)
+    record(ctx, "order")
+
+
+@job(name="tests.until_stopped", lease=timedelta(seconds=30))
+def until_stopped(ctx, seconds=30.0, tag="stopper"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.should_stop():
+            record(ctx, f"{tag}:stopped")
+            return
+        time.sleep(0.05)
+    record(ctx, tag)
+
+
+@job(name="tests.hang", timeout=timedelta(seconds=2))
+def hang(ctx, seconds=60.0):
+    time.sleep(seconds)
+    record(ctx, "hang-returned")
+
+
+@job(name="tests.die")
+def die(ctx, code=137):
+    record(ctx, "die")
+    os._exit(code)
+
+
+@job(name="tests.stamp")
+def stamp(ctx, tag=""):
+    Effect.objects.create(job_id=ctx.job_id, token=ctx.claim_token, pid=os.getpid(), started_ms=now_ms(), tag=tag)
+
+
+@job(name="tests.progress")
+def progress(ctx, steps=3):
+    for step in range(steps):
+        ctx.progress(step + 1, steps)
+    record(ctx, "progress")
+
+
+@job(name="tests.async_effect")
+async def async_effect(ctx, tag="async"):
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(record)(ctx, tag)
+    return tag
+
+
+@job(name="tests.heartbeat")
+def heartbeat(ctx):
+    return ctx.heartbeat()

@@ -1,0 +1,122 @@
+"""Settings for the test suite: the database comes from DURQ_TEST_DB (sqlite, postgres or mysql).
+
+Server addresses default to the local services and can be pointed elsewhere with
+DURQ_PG_HOST/PORT/USER and DURQ_MYSQL_HOST/PORT/USER/PASSWORD. DURQ_TEST_DB_NAME names the
+test database, so that several runs can share one server. Worker subprocesses started by the
+tests get DURQ_TEST_DB_IN_USE, the name of the test database already created, and use it as is.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "durq-tests-only"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_durq",
+    "tests.ledger",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+DB = os.environ.get("DURQ_TEST_DB", "sqlite")
+TEST_DB_NAME = os.environ.get("DURQ_TEST_DB_NAME", f"test_durq_{os.environ.get('USER', 'ci')}")
+IN_USE = os.environ.get("DURQ_TEST_DB_IN_USE")
+
+if DB == "sqlite":
+    sqlite_path = os.environ.get("DURQ_SQLITE_PATH") or os.path.join(tempfile.gettempdir(), f"{TEST_DB_NAME}.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": IN_USE or sqlite_path,
+            "OPTIONS": {
+                "init_command": os.environ.get(
+                    "DURQ_SQLITE_INIT", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+                ),
+                "transaction_mode": os.environ.get("DURQ_SQLITE_TRANSACTION_MODE", "IMMEDIATE"),
+                "timeout": 20,
+            },
+            "TEST": {"NAME": sqlite_path},
+        }
+    }
+elif DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": IN_USE or "test",
+            "HOST": os.environ.get("DURQ_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DURQ_PG_PORT", "5432"),
+            "USER": os.environ.get("DURQ_PG_USER", "postgres"),
+            "PASSWORD": os.environ.get("DURQ_PG_PASSWORD", ""),
+            "OPTIONS": {"application_name": "durq-tests"},
+            "TEST": {"NAME": TEST_DB_NAME},
+        }
+    }
+elif DB == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": IN_USE or "test",
+            "HOST": os.environ.get("DURQ_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DURQ_MYSQL_PORT", "3306"),
+            "USER": os.environ.get("DURQ_MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("DURQ_MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": TEST_DB_NAME, "CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"},
+        }
+    }
+else:
+    raise RuntimeError(f"DURQ_TEST_DB={DB!r}: use sqlite, postgres or mysql")
+
+DURQ = {
+    "QUEUES": {"default": {"concurrency": 4}, "fast": {"concurrency": 2}, "slow": {"concurrency": 1}},
+    "LEASE": float(os.environ.get("DURQ_TEST_LEASE", "30")),
+    "HEARTBEAT_INTERVAL": float(os.environ.get("DURQ_TEST_HEARTBEAT", "5")),
+    "POLL_INTERVAL": float(os.environ.get("DURQ_TEST_POLL", "0.25")),
+    "SHUTDOWN_GRACE": float(os.environ.get("DURQ_TEST_GRACE", "5")),
+    "BACKOFF": {"base": 1, "factor": 2, "max": 60, "jitter": 0.2},
+}
+if os.environ.get("DURQ_TEST_HOOKS_DIR"):
+    DURQ["TEST_HOOKS_DIR"] = os.environ["DURQ_TEST_HOOKS_DIR"]
+if os.environ.get("DURQ_TEST_KEEP_FINISHED"):
+    DURQ["KEEP_FINISHED"] = float(os.environ["DURQ_TEST_KEEP_FINISHED"])
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_durq": {"handlers": ["stderr"], "level": os.environ.get("DURQ_TEST_LOG_LEVEL", "INFO")}},
+}
