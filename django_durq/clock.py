@@ -10,7 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
@@ -89,4 +89,4 @@ def datetime_to_ms(value: datetime) -> int:
 def ms_to_datetime(value: int | None) -> datetime | None:
     if value is None:
         return None
-    return datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp(value / 1000, tz=UTC)

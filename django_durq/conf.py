@@ -212,12 +212,18 @@ def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
     if raw is None:
         return {DEFAULT_QUEUE: QueueSettings()}
     if not isinstance(raw, dict) or not raw:
-        p.problem("durq.E008", 'DURQ["QUEUES"] must be a non-empty dict of queue name -> options', 'Write {"default": {"concurrency": 4}}.')
+        p.problem(
+            "durq.E008",
+            'DURQ["QUEUES"] must be a non-empty dict of queue name -> options',
+            'Write {"default": {"concurrency": 4}}.',
+        )
         return {DEFAULT_QUEUE: QueueSettings()}
     queues: dict[str, QueueSettings] = {}
     for name, options in raw.items():
         if not isinstance(name, str) or not name or ":" in name or len(name) > 100:
-            p.problem("durq.E008", f"queue name {name!r} is not valid", "Use a non-empty name without ':' of at most 100 characters.")
+            p.problem(
+                "durq.E008", f"queue name {name!r} is not valid", "Use a non-empty name without ':' of at most 100 characters."
+            )
             continue
         if options is None:
             options = {}
@@ -226,7 +232,11 @@ def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
             continue
         unknown = set(options) - {"concurrency", "keep_finished", "keep_dead"}
         if unknown:
-            p.problem("durq.E008", f'DURQ["QUEUES"]["{name}"] has unknown keys {sorted(unknown)}', "Known: concurrency, keep_finished, keep_dead.")
+            p.problem(
+                "durq.E008",
+                f'DURQ["QUEUES"]["{name}"] has unknown keys {sorted(unknown)}',
+                "Known: concurrency, keep_finished, keep_dead.",
+            )
         concurrency = p.positive_int(options, "concurrency", 4, f'DURQ["QUEUES"]["{name}"]["concurrency"]')
         sub = _Parser(options)
         keep_finished = sub.duration_ms("keep_finished", None, allow_none=True, minimum_ms=0)

@@ -46,7 +46,9 @@ def enqueue_many(definition: JobDefinition, items: list[dict[str, Any]]) -> list
     registry.require(definition.name)
     for index, item in enumerate(items):
         if not isinstance(item, dict):
-            raise InvalidPayload(f"items[{index}] is {type(item).__name__}; enqueue_many takes keyword dicts", path=f"items[{index}]")
+            raise InvalidPayload(
+                f"items[{index}] is {type(item).__name__}; enqueue_many takes keyword dicts", path=f"items[{index}]"
+            )
     if definition.options.unique is not None:
         return [enqueue_one(definition, [], dict(item)) for item in items]
     jobs = [_build(definition, [], dict(item)) for item in items]

@@ -25,7 +25,7 @@ class UnknownJobType(DurqError, LookupError):
     """Raised by ``enqueue()`` for a job name that no registered handler has."""
 
 
-class Retry(Exception):  # noqa: N818 - a verb, raised by handlers like a control-flow signal
+class Retry(Exception):
     """Raise inside a handler to reschedule this job explicitly.
 
     ``after`` is a delay (timedelta or seconds) or an aware datetime. The attempt counts
@@ -38,7 +38,7 @@ class Retry(Exception):  # noqa: N818 - a verb, raised by handlers like a contro
         self.reason = reason
 
 
-class Abort(Exception):  # noqa: N818 - raised by handlers to say "do not retry"
+class Abort(Exception):
     """Raise inside a handler to send the job straight to the dead letters, without retries."""
 
 

@@ -71,7 +71,9 @@ class Executor:
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
         errors: list[dict[str, Any]] = json.loads(job.errors or "[]")
         if job.reclaimed_from is not None:
-            errors.append(self._entry(job.attempts - 1, Failure("lease_expired", "lease expired: worker lost"), job.reclaimed_from))
+            errors.append(
+                self._entry(job.attempts - 1, Failure("lease_expired", "lease expired: worker lost"), job.reclaimed_from)
+            )
             job.errors = json.dumps(errors)
             self.store.retrying("record lost lease", lambda d: d.record_errors(ctx.lease, job.errors))
         hooks.reach("after_claim", job.id)
@@ -152,7 +154,9 @@ class Executor:
             try:
                 stored = encode_json(result, "result") if result is not None else None
             except InvalidPayload as error:
-                failure = Failure("exception", f"the handler returned a value that is not JSON: {error}", "django_durq.InvalidPayload")
+                failure = Failure(
+                    "exception", f"the handler returned a value that is not JSON: {error}", "django_durq.InvalidPayload"
+                )
                 return self._fail(job, ctx, definition, failure, errors)
             now = self.clock.now_ms()
             held = self.store.retrying("finish", lambda d: d.finish(ctx.lease, now, stored, None))

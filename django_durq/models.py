@@ -72,7 +72,9 @@ class Job(models.Model):
     timeout_ms = models.PositiveIntegerField(null=True, blank=True)
     claim_token = models.BigIntegerField(default=0, help_text="Fencing token: incremented at each claim.")
     claimed_by = models.CharField(max_length=200, blank=True, default="", help_text="Worker holding (or last holding) the lease.")
-    reclaimed_from = models.CharField(max_length=200, null=True, blank=True, help_text="Set by a claim that took over an expired lease.")
+    reclaimed_from = models.CharField(
+        max_length=200, null=True, blank=True, help_text="Set by a claim that took over an expired lease."
+    )
     stop_requested = models.BooleanField(default=False, help_text="Cooperative stop asked by an operator.")
     progress_done = models.BigIntegerField(null=True, blank=True)
     progress_total = models.BigIntegerField(null=True, blank=True)

@@ -20,8 +20,6 @@ from .exceptions import UnknownJobType
 if TYPE_CHECKING:
     from .models import Job
 
-_UNSET: Any = object()
-
 
 @dataclasses.dataclass(frozen=True)
 class JobOptions:
@@ -91,7 +89,7 @@ class JobDefinition:
         """A copy of this definition whose next ``enqueue()`` uses these options."""
         if run_at is not None and run_in is not None:
             raise ValueError("pass run_at or run_in, not both")
-        changes = {
+        changes: dict[str, Any] = {
             key: value
             for key, value in {
                 "queue": queue,
@@ -131,9 +129,13 @@ class Registry:
     def add(self, definition: JobDefinition) -> None:
         with self._lock:
             existing = self._definitions.get(definition.name)
-            if existing is not None and existing.func is not definition.func:
-                if getattr(existing.func, "__qualname__", None) != getattr(definition.func, "__qualname__", None):
-                    raise ValueError(f"job name {definition.name!r} is already used by {existing.func!r}")
+            # Re-importing a module re-registers the same function under the same name: allowed.
+            if (
+                existing is not None
+                and existing.func is not definition.func
+                and getattr(existing.func, "__qualname__", None) != getattr(definition.func, "__qualname__", None)
+            ):
+                raise ValueError(f"job name {definition.name!r} is already used by {existing.func!r}")
             self._definitions[definition.name] = definition
 
     def remove(self, name: str) -> None:

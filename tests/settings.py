@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent
-SECRET_KEY = "durq-tests-only"  # noqa: S105
+SECRET_KEY = "durq-tests-only"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -63,9 +63,7 @@ if DB == "sqlite":
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": IN_USE or sqlite_path,
             "OPTIONS": {
-                "init_command": os.environ.get(
-                    "DURQ_SQLITE_INIT", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-                ),
+                "init_command": os.environ.get("DURQ_SQLITE_INIT", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"),
                 "transaction_mode": os.environ.get("DURQ_SQLITE_TRANSACTION_MODE", "IMMEDIATE"),
                 "timeout": 20,
             },

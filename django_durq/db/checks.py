@@ -41,7 +41,9 @@ def database_problems(connection: BaseDatabaseWrapper, *, for_worker: bool) -> l
         version = tuple(connection.mysql_version)  # type: ignore[attr-defined]
         if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
             if version < MIN_MARIADB:
-                problems.append(f"MariaDB {'.'.join(map(str, version))} is too old: django-durq needs 10.6 or newer (SKIP LOCKED)")
+                problems.append(
+                    f"MariaDB {'.'.join(map(str, version))} is too old: django-durq needs 10.6 or newer (SKIP LOCKED)"
+                )
         elif version < MIN_MYSQL:
             problems.append(f"MySQL {'.'.join(map(str, version))} is too old: django-durq needs 8.0.1 or newer (SKIP LOCKED)")
     return problems

@@ -75,5 +75,5 @@ class MySQLDialect(Dialect):
 
     def is_lock_error(self, error: BaseException) -> bool:
         cause = error.__cause__ if error.__cause__ is not None else error
-        args = getattr(cause, "args", ())
+        args: tuple[object, ...] = tuple(getattr(cause, "args", ()))
         return bool(args) and args[0] in _LOCK_ERRNOS

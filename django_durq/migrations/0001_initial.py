@@ -4,102 +4,150 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='DutyLease',
+            name="DutyLease",
             fields=[
-                ('name', models.CharField(max_length=100, primary_key=True, serialize=False)),
-                ('holder', models.CharField(max_length=200)),
-                ('expires_ms', models.BigIntegerField()),
+                ("name", models.CharField(max_length=100, primary_key=True, serialize=False)),
+                ("holder", models.CharField(max_length=200)),
+                ("expires_ms", models.BigIntegerField()),
             ],
             options={
-                'db_table': 'durq_duty_lease',
+                "db_table": "durq_duty_lease",
             },
         ),
         migrations.CreateModel(
-            name='Schedule',
+            name="Schedule",
             fields=[
-                ('name', models.CharField(max_length=200, primary_key=True, serialize=False)),
-                ('cron', models.CharField(max_length=200)),
-                ('timezone', models.CharField(default='UTC', max_length=64)),
-                ('next_due_ms', models.BigIntegerField()),
-                ('last_due_ms', models.BigIntegerField(blank=True, null=True)),
-                ('last_job_id', models.BigIntegerField(blank=True, null=True)),
-                ('updated_ms', models.BigIntegerField()),
+                ("name", models.CharField(max_length=200, primary_key=True, serialize=False)),
+                ("cron", models.CharField(max_length=200)),
+                ("timezone", models.CharField(default="UTC", max_length=64)),
+                ("next_due_ms", models.BigIntegerField()),
+                ("last_due_ms", models.BigIntegerField(blank=True, null=True)),
+                ("last_job_id", models.BigIntegerField(blank=True, null=True)),
+                ("updated_ms", models.BigIntegerField()),
             ],
             options={
-                'db_table': 'durq_schedule',
+                "db_table": "durq_schedule",
             },
         ),
         migrations.CreateModel(
-            name='WorkerProcess',
+            name="WorkerProcess",
             fields=[
-                ('worker_id', models.CharField(max_length=200, primary_key=True, serialize=False)),
-                ('host', models.CharField(max_length=200)),
-                ('pid', models.IntegerField()),
-                ('queues', models.TextField(help_text='JSON object: queue name -> pool size.')),
-                ('started_ms', models.BigIntegerField()),
-                ('last_seen_ms', models.BigIntegerField()),
-                ('jobs_done', models.BigIntegerField(default=0)),
+                ("worker_id", models.CharField(max_length=200, primary_key=True, serialize=False)),
+                ("host", models.CharField(max_length=200)),
+                ("pid", models.IntegerField()),
+                ("queues", models.TextField(help_text="JSON object: queue name -> pool size.")),
+                ("started_ms", models.BigIntegerField()),
+                ("last_seen_ms", models.BigIntegerField()),
+                ("jobs_done", models.BigIntegerField(default=0)),
             ],
             options={
-                'db_table': 'durq_worker',
+                "db_table": "durq_worker",
             },
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='Registered job name; resolved through the registry only.', max_length=200)),
-                ('queue', models.CharField(default='default', max_length=100)),
-                ('priority', models.SmallIntegerField(default=0, help_text='Higher runs first.')),
-                ('status', models.CharField(choices=[('waiting', 'Waiting'), ('running', 'Running'), ('finished', 'Finished'), ('dead', 'Dead'), ('cancelled', 'Cancelled')], default='waiting', max_length=10)),
-                ('arguments', models.TextField(help_text='JSON: {"args": [...], "kwargs": {...}}.')),
-                ('result', models.TextField(blank=True, help_text='JSON return value, kept while finished jobs are retained.', null=True)),
-                ('attempts', models.PositiveIntegerField(default=0, help_text='Claims so far; counted at claim.')),
-                ('max_attempts', models.PositiveIntegerField(default=5)),
-                ('run_at_ms', models.BigIntegerField(help_text='Due time: not claimed before it.')),
-                ('created_ms', models.BigIntegerField()),
-                ('started_ms', models.BigIntegerField(blank=True, help_text='Start of the latest attempt.', null=True)),
-                ('finished_ms', models.BigIntegerField(blank=True, help_text='When it became finished, dead or cancelled.', null=True)),
-                ('lease_ms', models.PositiveIntegerField(help_text='Lease length granted at each claim.')),
-                ('lease_expires_ms', models.BigIntegerField(blank=True, null=True)),
-                ('timeout_ms', models.PositiveIntegerField(blank=True, null=True)),
-                ('claim_token', models.BigIntegerField(default=0, help_text='Fencing token: incremented at each claim.')),
-                ('claimed_by', models.CharField(blank=True, default='', help_text='Worker holding (or last holding) the lease.', max_length=200)),
-                ('reclaimed_from', models.CharField(blank=True, help_text='Set by a claim that took over an expired lease.', max_length=200, null=True)),
-                ('stop_requested', models.BooleanField(default=False, help_text='Cooperative stop asked by an operator.')),
-                ('progress_done', models.BigIntegerField(blank=True, null=True)),
-                ('progress_total', models.BigIntegerField(blank=True, null=True)),
-                ('errors', models.TextField(default='[]', help_text='JSON list: one entry per failed attempt.')),
-                ('unique_key', models.CharField(blank=True, help_text='Dedupe key.', max_length=255, null=True)),
-                ('unique_active', models.GeneratedField(db_persist=True, expression=models.Case(models.When(status__in=['waiting', 'running'], then=models.F('unique_key')), default=None), output_field=models.CharField(max_length=255, null=True))),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(help_text="Registered job name; resolved through the registry only.", max_length=200)),
+                ("queue", models.CharField(default="default", max_length=100)),
+                ("priority", models.SmallIntegerField(default=0, help_text="Higher runs first.")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("waiting", "Waiting"),
+                            ("running", "Running"),
+                            ("finished", "Finished"),
+                            ("dead", "Dead"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="waiting",
+                        max_length=10,
+                    ),
+                ),
+                ("arguments", models.TextField(help_text='JSON: {"args": [...], "kwargs": {...}}.')),
+                (
+                    "result",
+                    models.TextField(
+                        blank=True, help_text="JSON return value, kept while finished jobs are retained.", null=True
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0, help_text="Claims so far; counted at claim.")),
+                ("max_attempts", models.PositiveIntegerField(default=5)),
+                ("run_at_ms", models.BigIntegerField(help_text="Due time: not claimed before it.")),
+                ("created_ms", models.BigIntegerField()),
+                ("started_ms", models.BigIntegerField(blank=True, help_text="Start of the latest attempt.", null=True)),
+                (
+                    "finished_ms",
+                    models.BigIntegerField(blank=True, help_text="When it became finished, dead or cancelled.", null=True),
+                ),
+                ("lease_ms", models.PositiveIntegerField(help_text="Lease length granted at each claim.")),
+                ("lease_expires_ms", models.BigIntegerField(blank=True, null=True)),
+                ("timeout_ms", models.PositiveIntegerField(blank=True, null=True)),
+                ("claim_token", models.BigIntegerField(default=0, help_text="Fencing token: incremented at each claim.")),
+                (
+                    "claimed_by",
+                    models.CharField(
+                        blank=True, default="", help_text="Worker holding (or last holding) the lease.", max_length=200
+                    ),
+                ),
+                (
+                    "reclaimed_from",
+                    models.CharField(
+                        blank=True, help_text="Set by a claim that took over an expired lease.", max_length=200, null=True
+                    ),
+                ),
+                ("stop_requested", models.BooleanField(default=False, help_text="Cooperative stop asked by an operator.")),
+                ("progress_done", models.BigIntegerField(blank=True, null=True)),
+                ("progress_total", models.BigIntegerField(blank=True, null=True)),
+                ("errors", models.TextField(default="[]", help_text="JSON list: one entry per failed attempt.")),
+                ("unique_key", models.CharField(blank=True, help_text="Dedupe key.", max_length=255, null=True)),
+                (
+                    "unique_active",
+                    models.GeneratedField(
+                        db_persist=True,
+                        expression=models.Case(
+                            models.When(status__in=["waiting", "running"], then=models.F("unique_key")), default=None
+                        ),
+                        output_field=models.CharField(max_length=255, null=True),
+                    ),
+                ),
             ],
             options={
-                'db_table': 'durq_job',
-                'indexes': [models.Index(fields=['queue', 'status', '-priority', 'run_at_ms', 'id'], name='durq_job_claim'), models.Index(fields=['queue', 'status', 'run_at_ms'], name='durq_job_due'), models.Index(fields=['status', 'finished_ms'], name='durq_job_status_finished')],
-                'constraints': [models.UniqueConstraint(fields=('unique_active',), name='durq_job_unique_active'), models.CheckConstraint(condition=models.Q(('status__in', ['waiting', 'running', 'finished', 'dead', 'cancelled'])), name='durq_job_status_valid')],
+                "db_table": "durq_job",
+                "indexes": [
+                    models.Index(fields=["queue", "status", "-priority", "run_at_ms", "id"], name="durq_job_claim"),
+                    models.Index(fields=["queue", "status", "run_at_ms"], name="durq_job_due"),
+                    models.Index(fields=["status", "finished_ms"], name="durq_job_status_finished"),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("unique_active",), name="durq_job_unique_active"),
+                    models.CheckConstraint(
+                        condition=models.Q(("status__in", ["waiting", "running", "finished", "dead", "cancelled"])),
+                        name="durq_job_status_valid",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='QueueStat',
+            name="QueueStat",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('queue', models.CharField(max_length=100)),
-                ('minute_ms', models.BigIntegerField()),
-                ('finished', models.BigIntegerField(default=0)),
-                ('failed', models.BigIntegerField(default=0)),
-                ('dead', models.BigIntegerField(default=0)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("queue", models.CharField(max_length=100)),
+                ("minute_ms", models.BigIntegerField()),
+                ("finished", models.BigIntegerField(default=0)),
+                ("failed", models.BigIntegerField(default=0)),
+                ("dead", models.BigIntegerField(default=0)),
             ],
             options={
-                'db_table': 'durq_queue_stat',
-                'constraints': [models.UniqueConstraint(fields=('queue', 'minute_ms'), name='durq_queue_stat_minute')],
+                "db_table": "durq_queue_stat",
+                "constraints": [models.UniqueConstraint(fields=("queue", "minute_ms"), name="durq_queue_stat_minute")],
             },
         ),
     ]

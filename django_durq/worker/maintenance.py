@@ -77,6 +77,10 @@ def acquire_duty_lease(alias: str, holder: str, now_ms: int, ttl_ms: int, name: 
         return False
 
 
+def _runner(duty: Duty, now_ms: int) -> Callable[[object], dict[str, int]]:
+    return lambda dialect: duty.run_once(now_ms)
+
+
 class MaintenanceRunner:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -104,8 +108,8 @@ class MaintenanceRunner:
         results: dict[str, dict[str, int]] = {}
         for duty in self.duties:
             try:
-                results[duty.name] = runtime.store.retrying(duty.name, lambda d, duty=duty: duty.run_once(now_ms))
-            except Exception:  # noqa: BLE001 - one failing duty must not stop the others
+                results[duty.name] = runtime.store.retrying(duty.name, _runner(duty, now_ms))
+            except Exception:
                 logger.exception("durq: maintenance duty %s failed", duty.name)
         return results
 

@@ -62,10 +62,10 @@ class Monitor:
                 if now - self._last_beat >= runtime.settings.heartbeat_interval_ms:
                     self._last_beat = now
                     self.beat(now)
-                if self.max_memory_mb is not None and not runtime.stop_claiming.is_set():
-                    if rss_mb() > self.max_memory_mb:
-                        runtime.request_stop(f"memory above --max-memory {self.max_memory_mb:g} MB")
-        except BaseException:  # noqa: BLE001
+                over_memory = self.max_memory_mb is not None and rss_mb() > self.max_memory_mb
+                if over_memory and not runtime.stop_claiming.is_set():
+                    runtime.request_stop(f"memory above --max-memory {self.max_memory_mb:g} MB")
+        except BaseException:
             logger.exception("durq: the monitor thread stopped on an unexpected error")
             runtime.request_stop("monitor failure")
         finally:
@@ -92,7 +92,9 @@ class Monitor:
             runtime.store.retrying("stats", lambda d: d.add_stats(stats))
         runtime.store.retrying(
             "worker heartbeat",
-            lambda d: WorkerProcess.objects.using(runtime.settings.database)
-            .filter(worker_id=runtime.worker_id)
-            .update(last_seen_ms=now, jobs_done=runtime.jobs_done),
+            lambda d: (
+                WorkerProcess.objects.using(runtime.settings.database)
+                .filter(worker_id=runtime.worker_id)
+                .update(last_seen_ms=now, jobs_done=runtime.jobs_done)
+            ),
         )

@@ -91,7 +91,11 @@ class Pool:
                                 break
                             self.kick.wait(runtime.poll_s)
                             continue
-                        wait_ms = runtime.settings.poll_interval_ms if due is None else min(due - now, runtime.settings.poll_interval_ms)
+                        wait_ms = (
+                            runtime.settings.poll_interval_ms
+                            if due is None
+                            else min(due - now, runtime.settings.poll_interval_ms)
+                        )
                         self.kick.wait(max(wait_ms, 1) / 1000)
                         continue
                     self._bury_expired(now)
@@ -107,7 +111,7 @@ class Pool:
                         self._busy += len(jobs)
                     for job in jobs:
                         self._inbox.put(job)
-        except BaseException:  # noqa: BLE001 - logged; the supervisor sees the pool finish and stops
+        except BaseException:
             logger.exception("durq: the dispatcher of queue %r stopped on an unexpected error", self.queue)
             runtime.request_stop()
         finally:
@@ -134,25 +138,26 @@ class Pool:
             job = self._inbox.get()
             if job is None:
                 break
-            ctx = JobContext(job, worker_id=runtime.worker_id, store=runtime.store, clock=runtime.clock, shutdown=runtime.shutdown)
+            ctx = JobContext(
+                job, worker_id=runtime.worker_id, store=runtime.store, clock=runtime.clock, shutdown=runtime.shutdown
+            )
             entry = Running(job, ctx)
             with self._lock:
                 self._running[job.id] = entry
             outcome = "error"
             try:
                 outcome = runtime.executor.run(job, ctx)
-            except BaseException:  # noqa: BLE001 - the database stayed down past every retry
+            except BaseException:  # the database stayed down past every retry
                 logger.exception("durq: could not record the outcome of job %s; its lease will expire", job.id)
-            finally:
-                _tidy_connections()
-                with self._lock:
-                    self._running.pop(job.id, None)
-                    if not entry.abandoned:
-                        self._busy -= 1
-                if entry.abandoned:
-                    return  # a replacement thread already took this slot
-                runtime.job_done(outcome)
-                self.kick.set()
+            _tidy_connections()
+            with self._lock:
+                self._running.pop(job.id, None)
+                if not entry.abandoned:
+                    self._busy -= 1
+            if entry.abandoned:
+                return  # a replacement thread already took this slot
+            runtime.job_done(outcome)
+            self.kick.set()
 
     def reap_timeouts(self, now: int) -> None:
         """Fail attempts that ran past their timeout and give their slot to a fresh thread.

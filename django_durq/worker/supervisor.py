@@ -49,7 +49,9 @@ class Supervisor:
     ) -> None:
         self.queues = queues
         self.settings = settings
-        self.runtime = Runtime(settings=settings, clock=clock or SystemClock(), worker_id=worker_id, burst=burst, max_jobs=max_jobs)
+        self.runtime = Runtime(
+            settings=settings, clock=clock or SystemClock(), worker_id=worker_id, burst=burst, max_jobs=max_jobs
+        )
         self.pools = [Pool(name, size, self.runtime) for name, size in queues.items()]
         self.monitor = Monitor(self.runtime, self.pools, max_memory_mb)
         self.watcher = Watcher(settings.database)
@@ -116,7 +118,12 @@ class Supervisor:
             self.watcher.stop()
             self._unregister()
             connections.close_all()
-        logger.info("durq: worker %s stopped (%s); %d jobs done", runtime.worker_id, runtime.stop_reason or "burst done", runtime.jobs_done)
+        logger.info(
+            "durq: worker %s stopped (%s); %d jobs done",
+            runtime.worker_id,
+            runtime.stop_reason or "burst done",
+            runtime.jobs_done,
+        )
         return 0
 
     def _drain(self) -> None:

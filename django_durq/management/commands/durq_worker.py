@@ -51,7 +51,9 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="Exit 0 once no due job remains.")
         parser.add_argument("--max-jobs", type=str, default=None, help="Exit cleanly after this many jobs.")
         parser.add_argument("--max-memory", type=str, default=None, metavar="MB", help="Exit cleanly once RSS is above this.")
-        parser.add_argument("--grace", type=str, default=None, metavar="SECONDS", help="How long shutdown waits for running jobs.")
+        parser.add_argument(
+            "--grace", type=str, default=None, metavar="SECONDS", help="How long shutdown waits for running jobs."
+        )
         parser.add_argument("--worker-id", default=None, help="Name of this worker process (default host:pid:random).")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -102,9 +104,7 @@ class Command(BaseCommand):
         for spec in specs:
             name, size = parse_queue_spec(spec, settings.queue(spec.partition(":")[0]).concurrency)
             if name not in known:
-                raise ValueError(
-                    f"--queue {name!r}: no setting or job names this queue (known: {', '.join(sorted(known))})"
-                )
+                raise ValueError(f"--queue {name!r}: no setting or job names this queue (known: {', '.join(sorted(known))})")
             queues[name] = size
         return queues
 

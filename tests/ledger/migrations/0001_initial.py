@@ -4,29 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Effect',
+            name="Effect",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField(db_index=True)),
-                ('token', models.BigIntegerField()),
-                ('pid', models.IntegerField()),
-                ('started_ms', models.BigIntegerField()),
-                ('tag', models.CharField(blank=True, default='', max_length=100)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("job_id", models.BigIntegerField(db_index=True)),
+                ("token", models.BigIntegerField()),
+                ("pid", models.IntegerField()),
+                ("started_ms", models.BigIntegerField()),
+                ("tag", models.CharField(blank=True, default="", max_length=100)),
             ],
         ),
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('label', models.CharField(max_length=100)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("label", models.CharField(max_length=100)),
             ],
         ),
     ]
