@@ -1,0 +1,538 @@
+"""The queue's contract in one process, on every database, with a manual clock (no sleeping)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_durq import InvalidPayload, UnknownJobType, enqueue, exclusivity, job
+from django_durq.clock import ManualClock, use_clock
+from django_durq.conf import get_settings
+from django_durq.context import JobContext
+from django_durq.executor import Executor
+from django_durq.models import Job, Status
+from django_durq.registry import registry
+from django_durq.store import Store
+from django_durq.testing import drain
+from tests.conftest import db_vendor
+from tests.ledger import jobs
+from tests.ledger.models import Effect, Order
+
+pytestmark = pytest.mark.django_db
+transactional = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def clock():
+    manual = ManualClock(start_ms=1_800_000_000_000)
+    with use_clock(manual):
+        yield manual
+
+
+def claim(worker: str, clock: ManualClock, queue: str = "default", limit: int = 1):
+    return Store("default").claim(queue, limit, clock.now_ms(), worker)
+
+
+def run_claimed(job_row, worker: str, clock: ManualClock) -> str:
+    store = Store("default")
+    executor = Executor(store, get_settings(), clock, worker)
+    ctx = JobContext(job_row, worker_id=worker, store=store, clock=clock, shutdown=threading.Event())
+    return executor.run(job_row, ctx)
+
+
+# --- enqueue: names and arguments -------------------------------------------------------------
+
+
+def test_enqueue_returns_a_waiting_job_with_its_arguments(clock):
+    queued = jobs.effect.enqueue(tag="x", sleep=0)
+    row = Job.objects.get(pk=queued.pk)
+    assert (row.name, row.queue, row.status, row.attempts) == ("tests.effect", "default", "waiting", 0)
+    assert row.kwargs == {"tag": "x", "sleep": 0} and row.args == []
+    assert row.run_at_ms == row.created_ms == clock.now_ms()
+    assert row.max_attempts == get_settings().max_attempts
+
+
+def test_name_defaults_to_dotted_path_and_can_be_set():
+    @job
+    def local_handler(ctx):
+        return None
+
+    try:
+        assert local_handler.name.endswith("test_name_defaults_to_dotted_path_and_can_be_set.<locals>.local_handler")
+        assert jobs.effect.name == "tests.effect"
+    finally:
+        registry.remove(local_handler.name)
+
+
+def test_enqueue_by_unknown_name_raises_with_close_matches_and_writes_nothing():
+    with pytest.raises(UnknownJobType, match=r"tests\.efect.*did you mean 'tests\.effect'"):
+        enqueue("tests.efect", tag="x")
+    assert Job.objects.count() == 0
+
+
+class Thing:
+    pass
+
+
+BAD_PAYLOADS = [
+    ({"when": datetime(2026, 1, 1, tzinfo=UTC)}, "kwargs['when']", "datetime"),
+    ({"amount": Decimal("1.5")}, "kwargs['amount']", "Decimal"),
+    ({"tags": {"a", "b"}}, "kwargs['tags']", "set"),
+    ({"blob": b"\x00\x01"}, "kwargs['blob']", "bytes"),
+    ({"obj": Thing()}, "kwargs['obj']", "Thing"),
+    ({"x": float("nan")}, "kwargs['x']", "nan"),
+    ({"x": float("inf")}, "kwargs['x']", "inf"),
+    ({"text": "a\x00b"}, "kwargs['text']", "NUL"),
+    ({"text": "\ud800"}, "kwargs['text']", "surrogate"),
+    ({"nested": {1: "int key"}}, "kwargs['nested']", "key of type int"),
+    ({"deep": [[[[1, {"k": [set()]}]]]]}, "kwargs['deep'][0][0][0][1]['k'][0]", "set"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "path", "fragment"), BAD_PAYLOADS)
+def test_non_json_arguments_are_refused_naming_path_and_type(kwargs, path, fragment):
+    with pytest.raises(InvalidPayload) as raised:
+        jobs.noop.enqueue(**kwargs)
+    assert raised.value.path == path
+    assert fragment in str(raised.value)
+    assert Job.objects.count() == 0
+
+
+def test_model_instance_and_lazy_string_are_refused():
+    from django.utils.translation import gettext_lazy
+
+    order = Order.objects.create(label="o")
+    with pytest.raises(InvalidPayload, match=r"kwargs\['order'\] is of type tests\.ledger\.models\.Order"):
+        jobs.noop.enqueue(order=order)
+    with pytest.raises(InvalidPayload, match=r"kwargs\['label'\] is of type django\.utils\.functional"):
+        jobs.noop.enqueue(label=gettext_lazy("hello"))
+    assert Job.objects.count() == 0
+
+
+def test_deep_nesting_is_refused_without_recursion_error():
+    value: list = []
+    for _ in range(100_000):
+        value = [value]
+    with pytest.raises(InvalidPayload, match="nested more than"):
+        jobs.noop.enqueue(deep=value)
+    assert Job.objects.count() == 0
+
+
+def test_payload_over_the_cap_is_refused_with_the_limit_named(settings):
+    settings.DURQ = {**settings.DURQ, "MAX_PAYLOAD_BYTES": 1000}
+    with pytest.raises(InvalidPayload, match=r"over the limit of 1000 bytes"):
+        jobs.noop.enqueue(text="字" * 400)  # 1,200 bytes of UTF-8
+    jobs.noop.enqueue(text="a" * 900)
+    assert Job.objects.count() == 1
+
+
+@transactional
+def test_refused_enqueue_leaves_the_callers_transaction_usable():
+    with transaction.atomic():
+        Order.objects.create(label="before")
+        with pytest.raises(InvalidPayload):
+            jobs.noop.enqueue(x=float("nan"))
+        with pytest.raises(UnknownJobType):
+            enqueue("no.such.job")
+        Order.objects.create(label="after")
+    assert sorted(Order.objects.values_list("label", flat=True)) == ["after", "before"]
+    assert Job.objects.count() == 0
+
+
+def test_unicode_payload_round_trips_exactly(clock):
+    text = "日本語 ✓ emoji 🎉 and \u2028 separators"
+    queued = jobs.noop.enqueue(text=text, nested={"a": [1, 2.5, None, True]})
+    assert Job.objects.get(pk=queued.pk).kwargs == {"text": text, "nested": {"a": [1, 2.5, None, True]}}
+
+
+def test_enqueue_many_is_one_insert(clock):
+    # 40 rows fit one INSERT everywhere (SQLite splits bigger batches at its variable limit).
+    with CaptureQueriesContext(connection) as queries:
+        created = jobs.noop.enqueue_many([{"n": i} for i in range(40)])
+    inserts = [query for query in queries.captured_queries if query["sql"].startswith("INSERT")]
+    assert len(inserts) == 1
+    assert len(created) == 40 and all(row.pk for row in created)
+    assert Job.objects.count() == 40
+
+
+# --- claiming order, delays -------------------------------------------------------------------
+
+
+def test_claim_order_is_priority_then_due_time_then_id(clock):
+    low = jobs.noop.using(priority=0).enqueue()
+    clock.advance(1)
+    high = jobs.noop.using(priority=5).enqueue()
+    early_low = jobs.noop.using(priority=0, run_at=datetime.fromtimestamp((clock.now_ms() - 5000) / 1000, UTC)).enqueue()
+    clock.advance(1)
+    order = [claim("w", clock)[0].id for _ in range(3)]
+    assert order == [high.pk, early_low.pk, low.pk]
+
+
+def test_delayed_job_is_not_claimed_before_it_is_due(clock):
+    delayed = jobs.noop.using(run_in=timedelta(minutes=1)).enqueue()
+    assert claim("w", clock) == []
+    clock.advance(59_999)
+    assert claim("w", clock) == []
+    clock.advance(1)
+    assert [row.id for row in claim("w", clock)] == [delayed.pk]
+
+
+def test_batch_claim_returns_at_most_the_limit(clock):
+    jobs.noop.enqueue_many([{} for _ in range(10)])
+    batch = claim("w", clock, limit=4)
+    assert len(batch) == 4 and len({row.id for row in batch}) == 4
+    assert Job.objects.running().count() == 4
+    assert all(row.attempts == 1 and row.claim_token == 1 for row in batch)
+
+
+def test_named_queues_are_claimed_separately(clock):
+    jobs.effect_fast.enqueue()
+    jobs.effect.enqueue()
+    assert [row.name for row in claim("w", clock, queue="fast", limit=5)] == ["tests.effect_fast"]
+    assert [row.name for row in claim("w", clock, queue="default", limit=5)] == ["tests.effect"]
+
+
+# --- outcomes ---------------------------------------------------------------------------------
+
+
+def test_finished_jobs_are_deleted_by_default(clock):
+    jobs.effect.enqueue(tag="done")
+    assert drain(clock=clock) == {"finished": 1}
+    assert Job.objects.count() == 0 and Effect.objects.get().tag == "done"
+
+
+def test_finished_jobs_keep_their_result_when_retention_is_on(clock, settings):
+    settings.DURQ = {**settings.DURQ, "KEEP_FINISHED": 3600}
+    queued = jobs.fail_until.using(max_attempts=5).enqueue(succeed_on=1)
+    drain(clock=clock)
+    row = Job.objects.get(pk=queued.pk)
+    assert row.status == Status.FINISHED and json.loads(row.result) == {"attempt": 1}
+    assert row.finished_ms == clock.now_ms()
+
+
+def test_failures_retry_with_backoff_then_become_a_dead_letter(clock):
+    queued = jobs.fail.enqueue(message="nope")  # max_attempts=3
+    backoff = get_settings().backoff
+    for attempt in (1, 2):
+        failed_at = clock.now_ms()
+        assert drain(clock=clock) == {"retrying": 1}
+        row = Job.objects.get(pk=queued.pk)
+        low, high = backoff.bounds_ms(attempt)
+        assert row.status == Status.WAITING and row.attempts == attempt
+        assert failed_at + low <= row.run_at_ms <= failed_at + high
+        assert drain(clock=clock) == {}  # not before it is due
+        clock.set(row.run_at_ms)
+    assert drain(clock=clock) == {"dead": 1}
+    row = Job.objects.get(pk=queued.pk)
+    assert row.status == Status.DEAD and row.attempts == 3
+    errors = row.error_list
+    assert [e["attempt"] for e in errors] == [1, 2, 3]
+    assert all(e["type"] == "ValueError" and e["message"] == "nope" and "Traceback" in e["traceback"] for e in errors)
+    assert Effect.objects.filter(tag="fail").count() == 3
+
+
+def test_is_last_attempt_only_on_the_last(clock):
+    jobs.fail_until.using(max_attempts=3).enqueue(succeed_on=3)
+    for _ in range(3):
+        drain(clock=clock)
+        clock.advance(timedelta(hours=1))
+    assert list(Effect.objects.order_by("id").values_list("tag", flat=True)) == [
+        "attempt1:False",
+        "attempt2:False",
+        "attempt3:True",
+    ]
+    assert Job.objects.count() == 0  # succeeded on attempt 3, then deleted
+
+
+def test_dead_letter_fires_the_job_dead_signal(clock):
+    from django_durq.signals import job_dead
+
+    seen = []
+
+    def receiver(sender, **kwargs):
+        seen.append(kwargs)
+
+    job_dead.connect(receiver)
+    try:
+        queued = jobs.abort.enqueue()
+        assert drain(clock=clock) == {"dead": 1}
+    finally:
+        job_dead.disconnect(receiver)
+    assert seen[0]["job_id"] == queued.pk and seen[0]["name"] == "tests.abort"
+    assert Job.objects.get(pk=queued.pk).attempts == 1  # Abort: no retries
+
+
+def test_retry_exception_reschedules_explicitly(clock):
+    queued = jobs.retry_explicit.enqueue(seconds=30)
+    assert drain(clock=clock) == {"retrying": 1}
+    row = Job.objects.get(pk=queued.pk)
+    assert row.run_at_ms == clock.now_ms() + 30_000
+    assert row.error_list[0]["kind"] == "retry" and row.error_list[0]["message"] == "not yet"
+    clock.advance(30_000)
+    assert drain(clock=clock) == {"finished": 1}
+
+
+@pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "MemoryError", "RecursionError", "BadStr"])
+def test_any_exception_from_a_handler_is_a_failed_attempt(clock, kind):
+    queued = jobs.raise_base.using(max_attempts=2).enqueue(kind=kind)
+    assert drain(clock=clock) == {"retrying": 1}
+    error = Job.objects.get(pk=queued.pk).error_list[0]
+    assert error["kind"] == "exception" and error["message"]
+    assert kind in error["type"] or kind in error["traceback"]
+    jobs.effect.enqueue(tag="still alive")
+    assert drain(clock=clock) == {"finished": 1}
+
+
+def test_async_handlers_run(clock):
+    jobs.async_effect.enqueue(tag="from async")
+    assert drain(clock=clock) == {"finished": 1}
+    assert Effect.objects.get().tag == "from async"
+
+
+def test_progress_is_recorded_while_running(clock):
+    queued = jobs.progress.enqueue(steps=4)
+    (claimed,) = claim("w", clock)
+    store = Store("default")
+    ctx = JobContext(claimed, worker_id="w", store=store, clock=clock, shutdown=threading.Event())
+    assert ctx.progress(2, 4)
+    row = Job.objects.get(pk=queued.pk)
+    assert (row.progress_done, row.progress_total) == (2, 4)
+
+
+# --- rows nobody can run ------------------------------------------------------------------------
+
+
+def insert_raw(name: str, arguments: str = '{"args":[],"kwargs":{}}', max_attempts: int = 3, now: int = 0) -> int:
+    row = Job.objects.create(
+        name=name,
+        queue="default",
+        arguments=arguments,
+        max_attempts=max_attempts,
+        run_at_ms=now,
+        created_ms=now,
+        lease_ms=30_000,
+    )
+    return row.pk
+
+
+def test_unknown_job_type_fails_then_completes_once_its_handler_appears(clock):
+    pk = insert_raw("tests.later", now=clock.now_ms())
+    assert drain(clock=clock) == {"retrying": 1}
+    assert Job.objects.get(pk=pk).error_list[0]["message"] == (
+        "unknown job type 'tests.later': no handler is registered under this name"
+    )
+    jobs.effect.enqueue(tag="unaffected")
+    clock.advance(timedelta(minutes=5))
+
+    @job(name="tests.later")
+    def later(ctx):
+        jobs.record(ctx, "later")
+
+    try:
+        assert drain(clock=clock) == {"finished": 2}
+    finally:
+        registry.remove("tests.later")
+    assert sorted(Effect.objects.values_list("tag", flat=True)) == ["later", "unaffected"]
+
+
+def test_a_dotted_path_in_the_database_is_never_imported(clock, tmp_path):
+    target = tmp_path / "pwned"
+    arguments = json.dumps({"args": [f"touch {target}"], "kwargs": {}})
+    pk = insert_raw("os.system", arguments=arguments, max_attempts=1, now=clock.now_ms())
+    assert drain(clock=clock) == {"dead": 1}
+    assert not target.exists()
+    assert Job.objects.get(pk=pk).error_list[0]["kind"] == "unknown_job"
+
+
+def test_corrupt_arguments_are_a_failed_attempt(clock):
+    pk = insert_raw("tests.noop", arguments="[" * 50_000, max_attempts=1, now=clock.now_ms())
+    assert drain(clock=clock) == {"dead": 1}
+    assert Job.objects.get(pk=pk).error_list[0]["message"].startswith("payload decode error")
+
+
+# --- leases and fencing -----------------------------------------------------------------------
+
+
+def test_expired_lease_is_claimed_again_and_recorded(clock):
+    queued = jobs.effect.using(lease=timedelta(seconds=10)).enqueue(tag="x")
+    (first,) = claim("worker-a", clock)
+    clock.advance(9_999)
+    assert claim("worker-b", clock) == []
+    clock.advance(1)
+    (second,) = claim("worker-b", clock)
+    assert second.id == queued.pk and second.attempts == 2 and second.claim_token == first.claim_token + 1
+    assert second.reclaimed_from == "worker-a"
+    assert run_claimed(second, "worker-b", clock) == "finished"
+    # The first worker finishing late changes nothing: its token is stale.
+    assert run_claimed(first, "worker-a", clock) == "lost"
+    assert Effect.objects.count() == 2 and Job.objects.count() == 0
+
+
+def test_lease_expiry_is_written_to_the_error_history(clock, settings):
+    settings.DURQ = {**settings.DURQ, "KEEP_FINISHED": 3600}
+    queued = jobs.effect.using(lease=timedelta(seconds=10)).enqueue()
+    claim("worker-a", clock)
+    clock.advance(10_000)
+    (second,) = claim("worker-b", clock)
+    run_claimed(second, "worker-b", clock)
+    (entry,) = Job.objects.get(pk=queued.pk).error_list
+    assert entry == {
+        "attempt": 1,
+        "at_ms": clock.now_ms(),
+        "worker": "worker-a",
+        "kind": "lease_expired",
+        "type": "",
+        "message": "lease expired: worker lost",
+        "traceback": "",
+    }
+
+
+def test_heartbeat_defeats_a_steal(clock):
+    jobs.effect.using(lease=timedelta(seconds=10)).enqueue()
+    (held,) = claim("worker-a", clock)
+    store = Store("default")
+    ctx = JobContext(held, worker_id="worker-a", store=store, clock=clock, shutdown=threading.Event())
+    for _ in range(5):
+        clock.advance(8_000)
+        assert ctx.heartbeat() is True
+        assert claim("worker-b", clock) == []
+    assert not ctx.should_stop()
+
+
+def test_a_worker_that_lost_its_lease_learns_it_from_heartbeat(clock):
+    jobs.effect.using(lease=timedelta(seconds=10)).enqueue()
+    (held,) = claim("worker-a", clock)
+    ctx = JobContext(held, worker_id="worker-a", store=Store("default"), clock=clock, shutdown=threading.Event())
+    clock.advance(10_000)
+    assert claim("worker-b", clock)
+    assert ctx.heartbeat() is False
+    assert ctx.should_stop() and ctx.stop_reason() == "lease lost"
+    assert ctx.progress(1, 2) is False
+
+
+def test_a_worker_killed_on_the_last_attempt_makes_a_dead_letter(clock):
+    from django_durq.worker.pool import Pool
+    from django_durq.worker.runtime import Runtime
+
+    queued = jobs.effect.using(max_attempts=2, lease=timedelta(seconds=10)).enqueue()
+    claim("worker-a", clock)
+    clock.advance(10_000)
+    claim("worker-b", clock)
+    clock.advance(10_000)
+    assert claim("worker-c", clock) == []  # attempts are used up: never a third run
+    runtime = Runtime(settings=get_settings(), clock=clock)
+    Pool("default", 1, runtime)._bury_expired(clock.now_ms())
+    row = Job.objects.get(pk=queued.pk)
+    assert row.status == Status.DEAD and row.attempts == 2
+    assert [e["kind"] for e in row.error_list] == ["lease_expired"]
+    assert row.error_list[0]["worker"] == "worker-b"
+
+
+def test_shutdown_release_hands_the_job_back_without_counting_the_attempt(clock):
+    queued = jobs.effect.enqueue()
+    (held,) = claim("worker-a", clock)
+    assert Store("default").dialect.release([(held.id, held.claim_token)], clock.now_ms()) == 1
+    row = Job.objects.get(pk=queued.pk)
+    assert row.status == Status.WAITING and row.attempts == 0 and row.lease_expires_ms is None
+    assert claim("worker-b", clock)[0].id == queued.pk
+
+
+# --- dedupe -------------------------------------------------------------------------------------
+
+
+def test_dedupe_returns_the_active_job_and_says_so(clock):
+    first = jobs.noop.using(unique="k1").enqueue(n=1)
+    second = jobs.noop.using(unique="k1").enqueue(n=2)
+    assert not first.deduplicated and second.deduplicated and second.pk == first.pk
+    assert Job.objects.count() == 1
+    claim("w", clock)  # running still owns the key
+    assert jobs.noop.using(unique="k1").enqueue().pk == first.pk
+
+
+def test_a_dead_letter_never_owns_its_key(clock):
+    dead = jobs.abort.using(unique="k2").enqueue()
+    drain(clock=clock)
+    assert Job.objects.get(pk=dead.pk).status == Status.DEAD
+    fresh = jobs.abort.using(unique="k2").enqueue()
+    assert fresh.pk != dead.pk and not fresh.deduplicated
+    assert Job.objects.filter(unique_key="k2").count() == 2
+
+
+@transactional
+def test_dedupe_inside_a_transaction_keeps_it_usable(clock):
+    jobs.noop.using(unique="k3").enqueue()
+    with transaction.atomic():
+        Order.objects.create(label="a")
+        again = jobs.noop.using(unique="k3").enqueue()
+        Order.objects.create(label="b")
+    assert again.deduplicated and Order.objects.count() == 2
+
+
+@transactional
+def test_two_connections_racing_one_key_make_one_job():
+    rounds, racers = 10, 4
+    for round_number in range(rounds):
+        barrier = threading.Barrier(racers)
+        ids: list[int] = []
+        failures: list[BaseException] = []
+
+        def race(key: str, barrier: threading.Barrier, ids: list[int], failures: list[BaseException]) -> None:
+            try:
+                barrier.wait()
+                ids.append(jobs.noop.using(unique=key).enqueue().pk)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                failures.append(error)
+            finally:
+                connections.close_all()
+
+        args = (f"race-{round_number}", barrier, ids, failures)
+        threads = [threading.Thread(target=race, args=args) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert len(set(ids)) == 1 and len(ids) == racers
+    assert Job.objects.count() == rounds
+
+
+# --- transactions -------------------------------------------------------------------------------
+
+
+@transactional
+def test_rollback_leaves_no_job():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        order = Order.objects.create(label="x")
+        jobs.read_order.enqueue(order_id=order.pk)
+        raise RuntimeError("rollback")
+    assert Job.objects.count() == 0 and Order.objects.count() == 0
+
+
+@transactional
+def test_wake_up_happens_on_commit_not_before():
+    from django_durq import wakeup
+
+    event = threading.Event()
+    wakeup.subscribe("default", event)
+    try:
+        with transaction.atomic():
+            jobs.noop.enqueue()
+            assert not event.is_set()
+        assert event.is_set()
+    finally:
+        wakeup.unsubscribe("default", event)
+
+
+def test_exclusivity_is_reported_in_plain_words():
+    expected = {
+        "sqlite": "processes on one host sharing the database file",
+        "postgres": "any number of hosts",
+        "mysql": "any number of hosts",
+    }[db_vendor()]
+    assert exclusivity() == expected

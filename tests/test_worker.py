@@ -1,0 +1,230 @@
+"""``manage.py durq_worker`` as users run it: real processes against the test database."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from django_durq.models import Job, Status, WorkerProcess
+from tests.conftest import db_vendor, run_command, wait_until
+from tests.ledger import jobs
+from tests.ledger.models import Effect
+
+pytestmark = pytest.mark.processes
+
+
+def effects_per_job() -> Counter[int]:
+    return Counter(Effect.objects.values_list("job_id", flat=True))
+
+
+# --- exclusivity under load ---------------------------------------------------------------------
+
+
+def test_six_workers_drain_five_thousand_jobs_exactly_once(spawn_worker):
+    queued = jobs.effect.enqueue_many([{"tag": "load"} for _ in range(5000)])
+    ids = {row.pk for row in queued}
+    workers = [spawn_worker("--burst", "--queue", "default:2") for _ in range(6)]
+    for worker in workers:
+        assert worker.wait(timeout=240) == 0, worker.output()
+    counts = effects_per_job()
+    assert set(counts) == ids, "every job ran"
+    assert max(counts.values()) == 1, "no job ran twice"
+    assert Job.objects.count() == 0
+    pids = set(Effect.objects.values_list("pid", flat=True))
+    assert len(pids) >= 2, "the work was shared between processes"
+    for worker in workers:
+        assert "database is locked" not in worker.output()
+        assert " ERROR " not in worker.output()
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--queue", "default:0"], "pool size must be at least 1"),
+        (["--queue", "default:abc"], "pool size 'abc' is not a whole number"),
+        (["--queue", "default:-1"], "pool size must be at least 1"),
+        (["--queue", "nosuchqueue"], "no setting or job names this queue"),
+        (["--max-jobs", "0"], "--max-jobs must be greater than 0"),
+        (["--max-memory", "lots"], "--max-memory 'lots' is not a number"),
+        (["--grace", "-3"], "--grace must be 0 or more seconds"),
+    ],
+)
+def test_bad_command_line_exits_2_with_one_line(worker_env, args, message):
+    before = Job.objects.count()
+    result = run_command("durq_worker", "--burst", *args, env=worker_env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert Job.objects.count() == before and WorkerProcess.objects.count() == 0
+
+
+@pytest.mark.skipif(db_vendor() != "sqlite", reason="an in-memory database exists only on SQLite")
+def test_in_memory_sqlite_is_refused(worker_env):
+    env = {**worker_env, "DURQ_TEST_DB_IN_USE": ":memory:"}
+    result = run_command("durq_worker", "--burst", env=env, timeout=60)
+    assert result.returncode == 2
+    assert "in-memory SQLite database" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_burst_prints_a_summary_and_exits_0(worker_env):
+    jobs.effect.enqueue_many([{"tag": "b"} for _ in range(20)])
+    jobs.fail.enqueue()
+    result = run_command("durq_worker", "--burst", env=worker_env)
+    assert result.returncode == 0, result.stderr
+    assert "durq_worker --burst: 21 jobs" in result.stdout
+    assert "finished" in result.stdout and "retrying" in result.stdout
+    assert Effect.objects.filter(tag="b").count() == 20
+
+
+# --- pools and queues ---------------------------------------------------------------------------
+
+
+def test_a_slow_queue_does_not_delay_a_fast_one(spawn_worker):
+    jobs.slow.enqueue(seconds=8)
+    worker = spawn_worker("--queue", "slow:1", "--queue", "fast:2")
+    wait_until(lambda: Job.objects.running().filter(queue="slow").exists(), 30, "the slow job to start")
+    jobs.effect_fast.enqueue_many([{"tag": "quick"} for _ in range(10)])
+    wait_until(lambda: Effect.objects.filter(tag="quick").count() == 10, 6, "the fast queue's jobs")
+    assert Job.objects.get(queue="slow").status == Status.RUNNING  # still busy, not blocking anyone
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def test_pool_claims_no_more_than_its_slots(spawn_worker):
+    jobs.slow.using(queue="default").enqueue_many([{"seconds": 3, "tag": "s"} for _ in range(6)])
+    worker = spawn_worker("--queue", "default:2")
+    wait_until(lambda: Job.objects.running().count() == 2, 30, "two running jobs")
+    for _ in range(10):
+        assert Job.objects.running().count() <= 2
+        time.sleep(0.1)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+# --- wake-up ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(db_vendor() == "mysql", reason="MariaDB has no cross-process notification; polling applies")
+def test_idle_worker_wakes_on_enqueue_without_waiting_for_the_poll(spawn_worker):
+    worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_POLL": "60"})
+    wait_until(lambda: WorkerProcess.objects.exists(), 30, "the worker to register")
+    time.sleep(0.5)  # let it finish its first probe and go idle
+    for round_number in range(3):
+        jobs.stamp.enqueue(tag=f"wake{round_number}")
+        # The poll interval is 60 s: finishing well inside it proves the wake-up worked.
+        wait_until(lambda n=round_number: Effect.objects.filter(tag=f"wake{n}").exists(), 10, "the woken worker")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def test_polling_is_the_safety_net(spawn_worker):
+    worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_POLL": "0.5"})
+    wait_until(lambda: WorkerProcess.objects.exists(), 30, "the worker to register")
+    jobs.effect.using(run_in=1.5).enqueue(tag="delayed")
+    wait_until(lambda: Effect.objects.filter(tag="delayed").exists(), 10, "the delayed job")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+# --- registration, shutdown, recycling ----------------------------------------------------------
+
+
+def test_worker_registers_and_removes_itself(spawn_worker):
+    worker = spawn_worker("--queue", "default:3", "--queue", "fast:1", "--worker-id", "box1:pool")
+    row = wait_until(lambda: WorkerProcess.objects.filter(worker_id="box1:pool").first(), 30, "registration")
+    assert row.pid == worker.pid and '"default": 3' in row.queues
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert not WorkerProcess.objects.exists()
+
+
+def test_sigterm_lets_short_jobs_finish_and_exits_0(spawn_worker):
+    jobs.effect.enqueue_many([{"tag": "short", "sleep": 1.0} for _ in range(4)])
+    worker = spawn_worker("--queue", "default:4", "--grace", "10")
+    wait_until(lambda: Job.objects.running().count() == 4, 30, "four running jobs")
+    jobs.effect.enqueue_many([{"tag": "queued"} for _ in range(20)])
+    signalled = time.time() * 1000
+    worker.signal(signal.SIGTERM)
+    for _ in range(4):
+        worker.signal(signal.SIGTERM)  # repeated TERMs change nothing
+    assert worker.wait(timeout=20) == 0
+    assert Effect.objects.filter(tag="short").count() == 4
+    assert not Effect.objects.filter(tag="queued").exists()
+    assert all(row.attempts == 0 for row in Job.objects.all())
+    assert all(ms < signalled for ms in Effect.objects.values_list("started_ms", flat=True))
+
+
+def test_sigterm_releases_jobs_that_outlive_the_grace(spawn_worker):
+    stubborn = jobs.slow.using(queue="default").enqueue(seconds=30, tag="stubborn")
+    polite = jobs.until_stopped.enqueue(seconds=30, tag="polite")
+    worker = spawn_worker("--queue", "default:2", "--grace", "1")
+    wait_until(lambda: Job.objects.running().count() == 2, 30, "both jobs running")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+    polite_row = Job.objects.get(pk=polite.pk)
+    stubborn_row = Job.objects.get(pk=stubborn.pk)
+    # The polite job saw should_stop() and returned in time: handed back, not counted as done.
+    assert Effect.objects.filter(tag="polite:stopped").count() == 1
+    for row in (polite_row, stubborn_row):
+        assert row.status == Status.WAITING and row.attempts == 0 and row.lease_expires_ms is None
+    # Another worker takes them at once, not after the 30 s lease.
+    successor = spawn_worker("--queue", "default:2")
+    wait_until(lambda: Job.objects.running().count() == 2, 10, "the released jobs to be claimed again")
+    successor.signal(signal.SIGTERM)
+    successor.wait(timeout=20)
+
+
+def test_second_sigint_exits_at_once(spawn_worker):
+    jobs.slow.using(queue="default").enqueue(seconds=30)
+    worker = spawn_worker("--queue", "default:1", "--grace", "30")
+    wait_until(lambda: Job.objects.running().exists(), 30, "the job to start")
+    worker.signal(signal.SIGINT)
+    time.sleep(0.3)
+    worker.signal(signal.SIGINT)
+    assert worker.wait(timeout=5) != 0
+    row = Job.objects.get()
+    assert row.status == Status.RUNNING and row.lease_expires_ms is not None  # left to expire
+
+
+def test_max_jobs_recycles_cleanly_under_a_supervisor_loop(worker_env):
+    queued = jobs.effect.enqueue_many([{"tag": "cycle"} for _ in range(30)])
+    runs = 0
+    while Job.objects.exists() and runs < 10:
+        result = run_command("durq_worker", "--queue", "default:2", "--max-jobs", "10", env=worker_env)
+        assert result.returncode == 0, result.stderr
+        runs += 1
+    assert runs == 3
+    counts = effects_per_job()
+    assert set(counts) == {row.pk for row in queued} and max(counts.values()) == 1
+
+
+def test_a_hung_handler_times_out_and_its_slot_is_refilled(spawn_worker):
+    hung = jobs.hang.using(max_attempts=1).enqueue(seconds=600)  # timeout 2 s
+    jobs.effect.enqueue_many([{"tag": "after"} for _ in range(5)])
+    worker = spawn_worker("--queue", "default:1")
+    wait_until(lambda: Job.objects.filter(pk=hung.pk, status=Status.DEAD).exists(), 15, "the timeout to be recorded")
+    assert Job.objects.get(pk=hung.pk).error_list[0]["kind"] == "timeout"
+    wait_until(lambda: Effect.objects.filter(tag="after").count() == 5, 15, "the other jobs on the refilled slot")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+
+
+def test_kill_9_mid_job_is_recovered_through_the_lease(spawn_worker):
+    env = {"DURQ_TEST_LEASE": "2", "DURQ_TEST_HEARTBEAT": "0.5"}
+    victim_job = jobs.slow.using(queue="default", lease=2).enqueue(seconds=60, tag="victim")
+    victim = spawn_worker("--queue", "default:1", env=env)
+    wait_until(lambda: Job.objects.running().exists(), 30, "the job to start")
+    victim.kill()
+    Job.objects.filter(pk=victim_job.pk).update(arguments='{"args":[],"kwargs":{"seconds":0,"tag":"victim"}}')
+    rescuer = spawn_worker("--queue", "default:1", env=env)
+    wait_until(lambda: Effect.objects.filter(tag="victim").exists(), 20, "the rescue")
+    effect = Effect.objects.get(tag="victim")
+    assert effect.pid == rescuer.pid and effect.token == 2
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=20) == 0
