@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from django.db import connections
 from ..clock import Clock, SystemClock
 from ..conf import DurqSettings
 from ..db import dialect_for
+from ..db.checks import database_now_ms
 from ..models import WorkerProcess
 from .maintenance import MaintenanceRunner
 from .monitor import Monitor
@@ -95,6 +97,7 @@ class Supervisor:
             dialect.vendor,
             dialect.exclusivity,
         )
+        self._warn_about_clock_skew()
         self._register()
         self.watcher.start()
         for pool in self.pools:
@@ -148,16 +151,30 @@ class Supervisor:
                     entry.ctx.lease_lost = True  # whatever the handler does next is not ours to record
             logger.warning("durq: shutdown grace ran out; released %d running job(s) for other workers", released)
 
+    def _warn_about_clock_skew(self) -> None:
+        """Leases compare this host's clock with other hosts' through the database: say if it is off."""
+        connection = connections[self.settings.database]
+        database_ms = self.runtime.store.retrying("clock check", lambda d: database_now_ms(connection))
+        if database_ms is None:
+            return
+        skew_ms = self.runtime.clock.now_ms() - database_ms
+        if abs(skew_ms) * 10 > self.settings.lease_ms:
+            logger.warning(
+                "durq: this host's clock is %+.1f s off the database server's, a tenth of the %g s lease or more; "
+                "run NTP on every worker host or leases may be taken over early",
+                skew_ms / 1000,
+                self.settings.lease_ms / 1000,
+            )
+
     def _register(self) -> None:
         now = self.runtime.clock.now_ms()
-        host, pid, _ = self.runtime.worker_id.split(":", 2)
         self.runtime.store.retrying(
             "register worker",
             lambda d: WorkerProcess.objects.using(self.settings.database).update_or_create(
                 worker_id=self.runtime.worker_id,
                 defaults={
-                    "host": host,
-                    "pid": int(pid) if pid.isdigit() else os.getpid(),
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
                     "queues": json.dumps(self.queues),
                     "started_ms": now,
                     "last_seen_ms": now,

@@ -74,7 +74,8 @@ class Watcher:
 
     def _listen_postgresql(self) -> None:
         wrapper = connections[self.alias]
-        raw: Any = wrapper.get_new_connection(wrapper.get_connection_params())
+        # A connection of its own, never one from Django's pool: it stays in LISTEN for good.
+        raw: Any = wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
         try:
             raw.autocommit = True
             cursor = raw.cursor()

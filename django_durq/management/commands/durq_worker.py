@@ -7,12 +7,13 @@ import sys
 import time
 from typing import Any
 
+from django.core.checks import WARNING, run_checks
 from django.core.management import BaseCommand, CommandError, CommandParser
-from django.core.management.base import SystemCheckError
 from django.db import connections
 
 from ...conf import get_settings
 from ...db.checks import database_problems
+from ...models import Job
 from ...registry import registry
 from ...worker import Supervisor
 from ...worker.runtime import Runtime
@@ -71,11 +72,8 @@ class Command(BaseCommand):
         problems = database_problems(connections[settings.database], for_worker=True)
         if problems:
             raise ValueError(problems[0])
-        try:
-            self.check(display_num_errors=False)
-        except SystemCheckError as error:
-            raise CommandError(f"system checks failed; fix these first:\n{error}", returncode=USAGE_ERROR) from None
         _configure_logging(options["verbosity"])
+        self._run_checks(settings.database)
 
         supervisor = Supervisor(
             queues,
@@ -87,6 +85,7 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             on_tick=self._progress if options["burst"] and self.stdout.isatty() else None,
         )
+        self._queue_names = list(queues)
         supervisor.install_signal_handlers()
         self._started = time.monotonic()
         self._last_progress = 0.0
@@ -95,6 +94,17 @@ class Command(BaseCommand):
             self._summary(supervisor.runtime)
         if code:
             sys.exit(code)
+
+    def _run_checks(self, alias: str) -> None:
+        """System checks before anything is claimed: errors stop the worker, warnings are logged."""
+        messages = [m for m in run_checks(databases=[alias]) if not m.is_silenced()]
+        errors = [m for m in messages if m.is_serious()]
+        if errors:
+            listing = "\n".join(f"  {message}" for message in errors)
+            raise CommandError(f"system checks failed; fix these first:\n{listing}", returncode=USAGE_ERROR)
+        for message in messages:
+            if message.level >= WARNING:
+                logging.getLogger("django_durq").warning("%s", message)
 
     def _queues(self, specs: list[str], settings: Any) -> dict[str, int]:
         known = set(settings.queues) | registry.queues()
@@ -114,7 +124,10 @@ class Command(BaseCommand):
             return
         self._last_progress = now
         elapsed = max(now - self._started, 1e-9)
-        self.stdout.write(f"\r  {runtime.jobs_done} jobs done, {runtime.jobs_done / elapsed:,.0f} jobs/s", ending="")
+        remaining = Job.objects.filter(queue__in=list(self._queue_names)).due(runtime.clock.now_ms()).count()
+        self.stdout.write(
+            f"\r  {runtime.jobs_done} jobs done, {remaining} due, {runtime.jobs_done / elapsed:,.0f} jobs/s   ", ending=""
+        )
         self.stdout.flush()
 
     def _summary(self, runtime: Runtime) -> None:

@@ -1,0 +1,117 @@
+"""Settings and system checks: every bad setting is reported with a stable id and a hint."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.core.checks import run_checks
+from django.db import connection
+
+from django_durq.clock import ManualClock, SystemClock
+from django_durq.conf import get_settings, parse
+from django_durq.db.checks import sqlite_setup_warnings
+from tests.conftest import db_vendor, run_command
+
+
+def ids(raw: object) -> list[str]:
+    return [problem.id for problem in parse(raw).problems]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("not a dict", ["durq.E001"]),
+        ({"LEASES": 30}, ["durq.E001"]),
+        ({"LEASE": "30s"}, ["durq.E002"]),
+        ({"LEASE": -1}, ["durq.E002"]),
+        ({"POLL_INTERVAL": 0}, ["durq.E002"]),
+        ({"MAX_ATTEMPTS": 0}, ["durq.E003"]),
+        ({"MAX_ATTEMPTS": True}, ["durq.E003"]),
+        ({"MAX_PAYLOAD_BYTES": "1MB"}, ["durq.E003"]),
+        ({"DATABASE": 3}, ["durq.E004"]),
+        ({"LEASE": 10, "HEARTBEAT_INTERVAL": 6}, ["durq.E005"]),
+        ({"SCHEDULES": []}, ["durq.E006"]),
+        ({"BACKOFF": {"base": 2, "factor": 0.5}}, ["durq.E007"]),
+        ({"BACKOFF": {"speed": 2}}, ["durq.E007"]),
+        ({"QUEUES": {}}, ["durq.E008"]),
+        ({"QUEUES": {"a:b": {}}}, ["durq.E008"]),
+        ({"QUEUES": {"video": {"concurrency": 0}}}, ["durq.E003"]),
+        ({"QUEUES": {"video": {"workers": 2}}}, ["durq.E008"]),
+        ({"LEASE": timedelta(minutes=5), "HEARTBEAT_INTERVAL": timedelta(seconds=30)}, []),
+    ],
+)
+def test_bad_settings_have_stable_ids(raw, expected):
+    assert ids(raw) == expected
+
+
+def test_every_problem_says_what_to_write_instead():
+    for problem in parse({"LEASE": "x", "MAX_ATTEMPTS": 0, "QUEUES": {"v": {"concurrency": -1}}}).problems:
+        assert problem.hint and problem.message
+
+
+def test_defaults_are_sane():
+    settings = parse(None)
+    assert settings.problems == ()
+    assert settings.lease_ms >= 2 * settings.heartbeat_interval_ms
+    assert settings.queues["default"].concurrency == 4
+
+
+def test_settings_errors_reach_manage_py_check(settings):
+    settings.DURQ = {"LEASE": 10, "HEARTBEAT_INTERVAL": 6, "NOPE": 1}
+    found = {message.id for message in run_checks()}
+    assert {"durq.E001", "durq.E005"} <= found
+
+
+def test_check_names_the_database_guarantee():
+    (info,) = [m for m in run_checks() if m.id == "durq.I001"]
+    assert get_settings().database in info.msg
+    expected = "processes on one host sharing the database file" if db_vendor() == "sqlite" else "any number of hosts"
+    assert expected in info.msg
+
+
+def test_unknown_database_alias(settings):
+    settings.DURQ = {"DATABASE": "queue"}
+    assert "durq.E004" in {message.id for message in run_checks()}
+
+
+def test_sqlite_without_wal_or_immediate_is_warned_about():
+    assert [w[0] for w in sqlite_setup_warnings({"NAME": "x.sqlite3", "OPTIONS": {}})] == ["durq.W001", "durq.W002"]
+    good = {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
+    assert sqlite_setup_warnings({"NAME": "x.sqlite3", "OPTIONS": good}) == []
+
+
+@pytest.mark.skipif(db_vendor() != "postgres", reason="connection pools are a PostgreSQL option")
+def test_a_pool_too_small_for_the_worker_is_an_error(settings):
+    options = connection.settings_dict["OPTIONS"]
+    try:
+        connection.settings_dict["OPTIONS"] = {**options, "pool": {"max_size": 3}}
+        (error,) = [m for m in run_checks() if m.id == "durq.E020"]
+        assert "max_size 3" in error.msg and "9" in error.msg  # 4 + 2 + 1 pool threads + 2
+    finally:
+        connection.settings_dict["OPTIONS"] = options
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_refuses_to_start_on_bad_settings(worker_env):
+    env = {**worker_env, "DURQ_TEST_LEASE": "1", "DURQ_TEST_HEARTBEAT": "5"}
+    result = run_command("durq_worker", "--burst", env=env, timeout=60)
+    assert result.returncode == 2
+    assert "durq.E005" in result.stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(db_vendor() == "sqlite", reason="SQLite shares the worker's host and clock")
+def test_clock_skew_against_the_database_is_warned_about(caplog):
+    from django_durq.worker import Supervisor
+
+    skewed = ManualClock(start_ms=SystemClock().now_ms() + 600_000)
+    supervisor = Supervisor({"default": 1}, get_settings(), clock=skewed)
+    with caplog.at_level(logging.WARNING, logger="django_durq"):
+        supervisor._warn_about_clock_skew()
+    assert "clock is +600.0 s off" in caplog.text and "NTP" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="django_durq"):
+        Supervisor({"default": 1}, get_settings())._warn_about_clock_skew()
+    assert caplog.text == ""
