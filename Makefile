@@ -6,9 +6,9 @@ export PATH := $(subst $(eval) ,:,$(PYENV_BINS)):$(PATH)
 PYTHON ?= python3.11
 VENV := .venv
 TOX := $(VENV)/bin/tox
-TEST_ENVS ?= lint,py311-dj52-sqlite,py311-dj52-postgres,py313-dj61-sqlite,py313-dj61-postgres,py313-dj61-mysql
+TEST_ENVS ?= lint,docs,py311-dj52-sqlite,py311-dj52-postgres,py313-dj61-sqlite,py313-dj61-postgres,py313-dj61-mysql
 
-.PHONY: test demo venv lint clean
+.PHONY: test demo venv lint docs clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ test: $(VENV)/.ready
 
 lint: $(VENV)/.ready
 	$(TOX) run -e lint
+
+docs: $(VENV)/.ready
+	$(TOX) run -e docs
 
 demo: $(VENV)/.ready
 	$(VENV)/bin/python testproject/demo.py

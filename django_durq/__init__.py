@@ -1,14 +1,18 @@
 """django-durq: a durable job queue that lives in your Django database.
 
-Public API: ``job`` (decorator), ``enqueue``, ``JobContext``, ``Retry``, ``Abort``,
+Public API: ``job`` (decorator), ``enqueue``, ``schedule``, ``JobContext``, ``Retry``, ``Abort``,
 ``InvalidPayload``, ``UnknownJobType``, ``exclusivity``. Importing this package loads no model.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .context import JobContext
+from .enqueue import enqueue
 from .exceptions import Abort, DurqError, InvalidPayload, LeaseLost, Retry, UnknownJobType
 from .registry import JobDefinition, job
+
+if TYPE_CHECKING:
+    from .schedules import ScheduleSpec
 
 __version__ = "0.1.0"
 
@@ -24,14 +28,8 @@ __all__ = [
     "enqueue",
     "exclusivity",
     "job",
+    "schedule",
 ]
-
-
-def enqueue(name: str, *args: Any, **kwargs: Any) -> Any:
-    """Queue the job registered as ``name`` (``UnknownJobType`` if none is)."""
-    from .enqueue import enqueue as enqueue_by_name
-
-    return enqueue_by_name(name, *args, **kwargs)
 
 
 def exclusivity(alias: str | None = None) -> str:
@@ -39,3 +37,20 @@ def exclusivity(alias: str | None = None) -> str:
     from .db import exclusivity as database_exclusivity
 
     return database_exclusivity(alias)
+
+
+def schedule(
+    name: str,
+    cron: str,
+    job: str | JobDefinition,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    missed: str = "collapse",
+    timezone: str = "UTC",
+) -> "ScheduleSpec":
+    """Run ``job`` at each due time of ``cron`` in ``timezone``, on exactly one worker (docs/cron.md)."""
+    from .schedules import schedule as declare
+
+    return declare(name, cron, job, kwargs=kwargs, queue=queue, priority=priority, missed=missed, timezone=timezone)

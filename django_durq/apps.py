@@ -12,3 +12,8 @@ class DurqConfig(AppConfig):
 
         # Import every installed app's jobs.py so that @job handlers are registered.
         autodiscover_modules("jobs")
+
+        # With a DurqBackend in TASKS, import tasks.py too: Django @task functions register there.
+        from .tasks_bridge import autodiscover_tasks
+
+        autodiscover_tasks()

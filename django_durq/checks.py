@@ -11,6 +11,11 @@
 | durq.E007 | DURQ["BACKOFF"] is malformed                                |
 | durq.E008 | DURQ["QUEUES"] is malformed                                 |
 | durq.E009 | the database cannot run the queue (too old, unsupported)    |
+| durq.E010 | a schedule's cron expression is bad or never comes due      |
+| durq.E011 | a schedule's time zone is not an IANA time zone             |
+| durq.E012 | a schedule names a job that is not registered               |
+| durq.E013 | a schedule's options are malformed, or it is declared twice |
+| durq.E020 | the PostgreSQL connection pool is smaller than a worker needs |
 | durq.W001 | SQLite is not in WAL mode                                   |
 | durq.W002 | SQLite transactions are not IMMEDIATE                       |
 | durq.I001 | which claimers the queue's database keeps apart              |
@@ -63,6 +68,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     if connection.vendor == "sqlite":
         for id_, message, hint in sqlite_setup_warnings(connection.settings_dict):
             messages.append(Warning(message, hint=hint, id=id_))
+    pool = (connection.settings_dict.get("OPTIONS") or {}).get("pool")
+    # Each pool thread, the monitor and the maintenance runner hold a connection at once.
+    needed = sum(queue.concurrency for queue in settings.queues.values()) + 2
+    if connection.vendor == "postgresql" and isinstance(pool, dict) and pool.get("max_size", needed) < needed:
+        messages.append(
+            Error(
+                f"the connection pool of database {settings.database!r} has max_size {pool['max_size']}, but a worker "
+                f"running every queue in DURQ['QUEUES'] holds up to {needed} connections at once",
+                hint=f'Set OPTIONS["pool"]["max_size"] to at least {needed}, or lower the queues\' concurrency.',
+                id="durq.E020",
+            )
+        )
     messages.append(
         Info(
             f"durq: the queue lives in database {settings.database!r} ({dialect.vendor}); "
@@ -80,3 +97,10 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
         return []
     problems = database_problems(connections[settings.database], for_worker=False)
     return [Error(problem, id="durq.E009") for problem in problems]
+
+
+@register("django_durq")
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .schedules import schedule_problems
+
+    return [Error(p.message, hint=p.hint, id=p.id) for p in schedule_problems()]

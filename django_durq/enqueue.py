@@ -9,7 +9,7 @@ usable. A dedupe key that is already taken by an active job returns that job
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
 
@@ -18,9 +18,13 @@ from .clock import datetime_to_ms, now_ms, seconds_to_ms
 from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
 from .exceptions import InvalidPayload
-from .models import ACTIVE_STATUSES, Job, Status
 from .payload import encode_arguments
 from .registry import JobDefinition, registry
+
+if TYPE_CHECKING:
+    from .models import Job
+
+# Models are imported inside the functions: ``import django_durq`` must not load them.
 
 
 def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
@@ -54,6 +58,8 @@ def enqueue_many(definition: JobDefinition, items: list[dict[str, Any]]) -> list
     jobs = [_build(definition, [], dict(item)) for item in items]
     if not jobs:
         return []
+    from .models import Job
+
     alias = get_settings().database
     created = Job.objects.using(alias).bulk_create(jobs)
     _wake_on_commit(alias, sorted({job.queue for job in created}))
@@ -71,6 +77,8 @@ def on_commit_of(using: str, enqueue_call: Callable[[], Any]) -> None:
 
 
 def _build(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    from .models import Job, Status
+
     settings = get_settings()
     options = definition.options
     created = now_ms()
@@ -112,6 +120,8 @@ def _build(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -
 
 
 def _insert_unique(job: Job, alias: str) -> Job:
+    from .models import ACTIVE_STATUSES, Job
+
     # The savepoint keeps a caller's transaction usable when the key turns out to be taken
     # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError).
     for _ in range(10):

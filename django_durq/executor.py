@@ -8,7 +8,6 @@ executor that lost its lease changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import logging
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import async_to_sync
+
 from . import hooks
 from .clock import Clock, datetime_to_ms, seconds_to_ms
 from .conf import DurqSettings
@@ -26,7 +27,7 @@ from .db import ClaimedJob
 from .exceptions import Abort, InvalidPayload, Retry
 from .payload import decode_arguments, encode_json
 from .registry import JobDefinition, registry
-from .signals import job_dead
+from .signals import job_dead, job_finished
 from .store import Store
 
 logger = logging.getLogger("django_durq")
@@ -61,12 +62,15 @@ class Executor:
         clock: Clock,
         worker_id: str,
         count: Callable[[str, str], None] = lambda queue, outcome: None,
+        defer_completion: Callable[[ClaimedJob, JobContext, Any], None] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.clock = clock
         self.worker_id = worker_id
         self.count = count
+        # A worker pool batches the deletes of finished jobs (see Pool.flush_completions).
+        self.defer_completion = defer_completion
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
         errors: list[dict[str, Any]] = json.loads(job.errors or "[]")
@@ -129,7 +133,9 @@ class Executor:
     ) -> tuple[Failure | None, Any]:
         try:
             if inspect.iscoroutinefunction(definition.func):
-                return None, asyncio.run(definition.func(ctx, *args, **kwargs))
+                # async_to_sync runs thread-sensitive sync_to_async calls (the ORM) back in this
+                # thread, so the handler's queries use this worker thread's own connection.
+                return None, async_to_sync(definition.func)(ctx, *args, **kwargs)
             return None, definition.func(ctx, *args, **kwargs)
         except Retry as retry:
             return Failure("retry", retry.reason or "retry requested", retry_at_ms=self._retry_at(retry)), None
@@ -160,13 +166,21 @@ class Executor:
                 return self._fail(job, ctx, definition, failure, errors)
             now = self.clock.now_ms()
             held = self.store.retrying("finish", lambda d: d.finish(ctx.lease, now, stored, None))
+        elif self.defer_completion is not None:
+            self.defer_completion(job, ctx, result)
+            return FINISHED
         else:
-            held = self.store.retrying("complete", lambda d: d.complete([ctx.lease])) == 1
+            held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
         if not held:
             logger.warning("durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name)
             return LOST
-        self.count(job.queue, FINISHED)
+        self.finished(job, result)
         return FINISHED
+
+    def finished(self, job: ClaimedJob, result: Any) -> None:
+        """Count and announce a job whose completion is recorded."""
+        self.count(job.queue, FINISHED)
+        job_finished.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
 
     def _fail(
         self,

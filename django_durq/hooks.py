@@ -4,6 +4,10 @@ At a point, the worker checks for a file ``<dir>/<point>``. When it exists, the 
 ``<dir>/<point>.reached.<job id>`` and waits until ``<dir>/<point>`` is removed. A test thus
 holds a worker at an exact place (after a claim, before a completion, inside a heartbeat),
 does something to it (kill -9, a second claim, a purge) and lets it go.
+
+A fault point works the same way: while ``<dir>/fail.<operation>`` holds a number above zero,
+the next store operation of that name (``complete``, ``finish``, ``heartbeat``, ``claim``, …)
+counts it down and raises ``OperationalError``, as a dropped connection would.
 """
 
 from __future__ import annotations
@@ -27,3 +31,25 @@ def reach(point: str, job_id: int | str) -> None:
         marker.write(str(os.getpid()))
     while os.path.exists(gate):
         time.sleep(0.01)
+
+
+def fail(operation: str) -> None:
+    """Raise ``OperationalError`` when the fault file of ``operation`` still counts above zero."""
+    from .conf import get_settings
+
+    folder = get_settings().test_hooks_dir
+    if not folder:
+        return
+    path = os.path.join(folder, f"fail.{operation}")
+    try:
+        with open(path) as counter:
+            remaining = int(counter.read().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return
+    if remaining <= 0:
+        return
+    with open(path, "w") as counter:
+        counter.write(str(remaining - 1))
+    from django.db import OperationalError
+
+    raise OperationalError(f"injected fault in {operation} (test hook)")

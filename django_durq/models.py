@@ -150,6 +150,15 @@ class Job(models.Model):
         return ms_to_datetime(self.lease_expires_ms)
 
 
+class DeadLetter(Job):
+    """Dead jobs (attempts used up, or aborted) as their own admin page with retry and purge."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters"
+
+
 class WorkerProcess(models.Model):
     """One row per live ``durq_worker`` process; removed at clean exit, stale rows age out."""
 
@@ -215,3 +224,12 @@ class QueueStat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}@{self.minute_ms}"
+
+
+class Queue(QueueStat):
+    """The admin's Queues page: per-queue counts, workers and the last hour's throughput."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "queue"
+        verbose_name_plural = "queues"

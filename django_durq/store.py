@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
+from . import hooks
 from .db import ClaimedJob, Dialect, Lease, dialect_for
 
 logger = logging.getLogger("django_durq")
@@ -40,6 +41,7 @@ class Store:
             connection = connections[self.alias]
             dialect = dialect_for(connection)
             try:
+                hooks.fail(what)
                 return operation(dialect)
             except (OperationalError, InterfaceError) as error:
                 if connection.in_atomic_block:

@@ -6,6 +6,7 @@ test database, so that several runs can share one server. Worker subprocesses st
 tests get DURQ_TEST_DB_IN_USE, the name of the test database already created, and use it as is.
 """
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -112,9 +113,17 @@ if os.environ.get("DURQ_TEST_HOOKS_DIR"):
 if os.environ.get("DURQ_TEST_KEEP_FINISHED"):
     DURQ["KEEP_FINISHED"] = float(os.environ["DURQ_TEST_KEEP_FINISHED"])
 
+# Django's tasks framework (Django >= 6.0, or the django-tasks backport on 5.2) runs on durq.
+if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+    TASKS = {"default": {"BACKEND": "django_durq.backend.DurqBackend", "QUEUES": ["default", "fast", "slow"]}}
+    # The suite keeps no finished jobs unless asked (DURQ_TEST_KEEP_FINISHED); tests that read
+    # results turn retention on themselves.
+    SILENCED_SYSTEM_CHECKS = ["durq.E101"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "formatters": {"levels": {"format": "%(asctime)s %(levelname)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "levels"}},
     "loggers": {"django_durq": {"handlers": ["stderr"], "level": os.environ.get("DURQ_TEST_LOG_LEVEL", "INFO")}},
 }

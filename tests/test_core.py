@@ -536,3 +536,13 @@ def test_exclusivity_is_reported_in_plain_words():
         "mysql": "any number of hosts",
     }[db_vendor()]
     assert exclusivity() == expected
+
+
+def test_importing_the_package_loads_no_model():
+    import subprocess
+    import sys
+
+    code = "import sys, django_durq; assert 'django_durq.models' not in sys.modules; print(django_durq.enqueue.__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "enqueue"

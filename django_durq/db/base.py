@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 JOB = "durq_job"
@@ -127,12 +128,21 @@ class Dialect:
         rows = self.fetchall(f"SELECT id, stop_requested FROM {JOB} WHERE status = 'running' AND {fence}", params)
         return {row[0]: bool(row[1]) for row in rows}
 
-    def complete(self, leases: Sequence[Lease]) -> int:
-        """Delete finished jobs (the default: nothing kept); returns how many were still held."""
+    def complete(self, leases: Sequence[Lease]) -> set[int]:
+        """Delete finished jobs (the default: nothing kept); returns the ids whose lease was still held."""
         if not leases:
-            return 0
+            return set()
         fence, params = _fence(leases)
-        return self.execute(f"DELETE FROM {JOB} WHERE status = 'running' AND {fence}", params)
+        return {row[0] for row in self.fetchall(f"DELETE FROM {JOB} WHERE status = 'running' AND {fence} RETURNING id", params)}
+
+    def complete_and_claim(
+        self, leases: Sequence[Lease], queue: str, limit: int, now_ms: int, worker_id: str
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """Record finished jobs and claim the next ones in one transaction: one commit, not two."""
+        with transaction.atomic(using=self.connection.alias):
+            done = self.complete(leases)
+            claimed = self.claim(queue, limit, now_ms, worker_id) if limit > 0 else []
+        return done, claimed
 
     def finish(self, lease: Lease, now_ms: int, result: str | None, errors: str | None) -> bool:
         """Keep a finished job (retention on) with its result."""

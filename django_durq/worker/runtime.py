@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from ..clock import Clock
 from ..conf import DurqSettings
-from ..executor import DEAD, FINISHED, RETRYING, Executor
+from ..executor import DEAD, FINISHED, RETRYING
 from ..store import Store
 
 
@@ -35,7 +35,6 @@ class Runtime:
         self.burst = burst
         self.max_jobs = max_jobs
         self.poll_s = settings.poll_interval_ms / 1000
-        self.executor = Executor(self.store, settings, clock, self.worker_id, count=self.count)
         self.stop_claiming = threading.Event()  # no new claims (signal, --max-jobs, --max-memory, error)
         self.shutdown = threading.Event()  # running handlers are asked to stop (signals only)
         self.wake_supervisor = threading.Event()

@@ -143,6 +143,8 @@ class Supervisor:
                 continue
             runtime.wake_supervisor.wait(0.05)
             runtime.wake_supervisor.clear()
+        for pool in self.pools:
+            pool.flush_completions()
         leases = [entry.ctx.lease for pool in self.pools for entry in pool.running() if not entry.abandoned]
         if leases:
             released = runtime.store.retrying("release", lambda d: d.release(leases, runtime.clock.now_ms()))

@@ -146,3 +146,109 @@ async def async_effect(ctx, tag="async"):
 @job(name="tests.heartbeat")
 def heartbeat(ctx):
     return ctx.heartbeat()
+
+
+# --- handlers of the fault suite (tests/faults) ---------------------------------------------------
+
+_leaked: list[bytes] = []
+
+
+@job(name="tests.crash", max_attempts=3)
+def crash(ctx, mode="exit"):
+    """Takes its whole worker process down: os._exit, SIGKILL to itself, or a segfault."""
+    import ctypes
+    import signal
+
+    record(ctx, "crash")
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "segv":
+        ctypes.string_at(0)
+    os._exit(137)
+
+
+@job(name="tests.stop_aware")
+def stop_aware(ctx, seconds=30.0, marker_dir=""):
+    """First claim: polls should_stop() every 100 ms and notes when it turned true. Later claims finish."""
+    if ctx.claim_token == 1:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if ctx.should_stop():
+                with open(os.path.join(marker_dir, f"stopped.{ctx.job_id}"), "w") as marker:
+                    marker.write(str(now_ms()))
+                return
+            time.sleep(0.1)
+    record(ctx, "stop_aware")
+
+
+@job(name="tests.stubborn")
+def stubborn(ctx, seconds=30.0):
+    """First claim: sleeps through any stop request. Later claims finish at once."""
+    if ctx.claim_token == 1:
+        time.sleep(seconds)
+    record(ctx, "stubborn")
+
+
+@job(name="tests.bad_result", max_attempts=1)
+def bad_result(ctx):
+    return {"when": object()}
+
+
+@job(name="tests.leak")
+def leak(ctx, megabytes=1):
+    _leaked.append(b"x" * (megabytes * 1_048_576))
+    record(ctx, "leak")
+
+
+@job(name="tests.digest")
+def digest(ctx, text=""):
+    import hashlib
+
+    record(ctx, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+# --- schedules of tests/test_cron.py: declared only in processes started with DURQ_TEST_CRON ------
+
+if os.environ.get("DURQ_TEST_CRON") == "every-second":
+    from django_durq import schedule
+
+    schedule("tests.every-second", "* * * * * *", noop, kwargs={"tag": "cron"})
+elif os.environ.get("DURQ_TEST_CRON") == "bad":
+    from django_durq import schedule
+
+    schedule("tests.bad-schedule", "61 * * * *", noop, timezone="Mars/Olympus")
+
+
+# Handlers with everyday names and failures: the admin's browser tests and its screenshots use them.
+@job(name="media.transcode", queue="slow", max_attempts=3)
+def transcode(ctx, video_id, preset="1080p"):
+    raise RuntimeError(f"ffmpeg exited with status 1 for video {video_id} ({preset}): moov atom not found")
+
+
+@job(name="billing.charge_card", max_attempts=3)
+def charge_card(ctx, invoice_id, amount_cents):
+    raise ConnectionError(f"payment gateway timed out after 30 s (invoice {invoice_id})")
+
+
+@job(name="email.send_receipt", queue="fast", max_attempts=3)
+def send_receipt(ctx, order_id, to):
+    raise ValueError(f"invalid recipient address {to!r}")
+
+
+@job(name="tests.cpu")
+def cpu(ctx, seconds=6.0):
+    """Pure-Python CPU work: the interpreter switches threads, so heartbeats keep going."""
+    deadline = time.monotonic() + seconds
+    spins = 0
+    while time.monotonic() < deadline:
+        spins += sum(range(1000))
+    record(ctx, "cpu")
+
+
+@job(name="tests.gil", queue="slow")
+def gil(ctx, seconds=4.0):
+    """One C call that holds the GIL: no other thread of the process runs until it returns."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(int(seconds))
+    record(ctx, "gil")

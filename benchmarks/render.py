@@ -1,0 +1,307 @@
+"""Results (JSON lines) to a summary: a text table, ``docs/benchmarks.md`` and PNG charts.
+
+    python -m benchmarks.render benchmarks/results/latest.jsonl    # docs + charts (needs matplotlib)
+    python -m benchmarks.render --text benchmarks/results/x.jsonl  # the text summary only
+
+Every figure is the median over repeats with the min-max range; ratios compare medians of
+django-durq and a peer on the same database, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "benchmarks.md"
+IMG = REPO / "docs" / "img"
+
+SYSTEM_ORDER = ["durq", "tasks-db", "procrastinate", "huey-sqlite", "huey-postgres", "celery-redis"]
+DB_ORDER = ["sqlite", "postgres", "mysql", "redis"]
+DB_LABEL = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MariaDB", "redis": "Redis"}
+
+Line = dict[str, Any]
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def load(path: Path) -> list[Line]:
+    if not path.exists():
+        return []
+    return [json.loads(row) for row in path.read_text().splitlines() if row.strip()]
+
+
+def dump(lines: Iterable[Line], path: Path) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _key(line: Line) -> tuple[str, str, str]:
+    return (line["workload"], line["system"], line["database"])
+
+
+def merge(old: list[Line], new: list[Line]) -> list[Line]:
+    """``old`` with every (workload, system, database) that ``new`` measured replaced by ``new``'s lines."""
+    replaced = {_key(line) for line in new}
+    kept = [line for line in old if _key(line) not in replaced]
+    return kept + new
+
+
+# --- grouping ----------------------------------------------------------------------------------
+
+
+def _order(line: Line) -> tuple[int, int]:
+    system = SYSTEM_ORDER.index(line["system"]) if line["system"] in SYSTEM_ORDER else 99
+    database = DB_ORDER.index(line["database"]) if line["database"] in DB_ORDER else 99
+    return database, system
+
+
+def groups(lines: list[Line], workload: str, **params: Any) -> list[tuple[Line, list[Line]]]:
+    """Lines of ``workload`` whose params match, grouped by system and database: (first line, all)."""
+    found: dict[tuple[str, str], list[Line]] = defaultdict(list)
+    for line in lines:
+        if line["workload"] != workload:
+            continue
+        if any(line.get("params", {}).get(key) != value for key, value in params.items()):
+            continue
+        found[(line["system"], line["database"])].append(line)
+    return sorted(((rows[0], rows) for rows in found.values()), key=lambda pair: _order(pair[0]))
+
+
+def values(rows: list[Line], metric: str | Callable[[Line], Any]) -> list[float]:
+    picked = []
+    for row in rows:
+        value = metric(row) if callable(metric) else row.get("metrics", {}).get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            picked.append(float(value))
+    return picked
+
+
+def median(rows: list[Line], metric: str | Callable[[Line], Any]) -> float | None:
+    found = values(rows, metric)
+    return statistics.median(found) if found else None
+
+
+def cell(rows: list[Line], metric: str | Callable[[Line], Any], digits: int = 0, unit: str = "") -> str:
+    found = values(rows, metric)
+    skipped = next((row["metrics"].get("skipped") or row["metrics"].get("error") for row in rows), None)
+    if not found:
+        return "skipped" if skipped and rows[0]["metrics"].get("skipped") else ("error" if skipped else "-")
+    mid = statistics.median(found)
+    text = f"{mid:,.{digits}f}{unit}"
+    if len(found) > 1:
+        text += f" ({min(found):,.{digits}f}–{max(found):,.{digits}f})"
+    return text
+
+
+def load_text(rows: list[Line]) -> str:
+    loads = [row.get("loadavg_before", [0])[0] for row in rows if row.get("loadavg_before")]
+    return f"{statistics.median(loads):.2f}" if loads else "-"
+
+
+def ratio(durq: float | None, peer: float | None, higher_is_better: bool = True) -> str:
+    if not durq or not peer:
+        return "-"
+    value = durq / peer if higher_is_better else peer / durq
+    return f"{value:.2f}×"
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def _durq_median(lines: list[Line], workload: str, database: str, metric: str, **params: Any) -> float | None:
+    for first, rows in groups(lines, workload, **params):
+        if first["system"] == "durq" and first["database"] == database:
+            return median(rows, metric)
+    return None
+
+
+def drain_table(lines: list[Line], concurrency: int) -> str:
+    rows = []
+    for first, group in groups(lines, "drain", concurrency=concurrency):
+        durq = _durq_median(lines, "drain", first["database"], "jobs_per_s", concurrency=concurrency)
+        rows.append(
+            [
+                first["label"],
+                DB_LABEL.get(first["database"], first["database"]),
+                cell(group, "jobs_per_s"),
+                cell(group, "wall_s", 2),
+                cell(group, "cpu_ms_per_job", 3),
+                cell(group, "peak_rss_mb", 0),
+                ratio(durq, median(group, "jobs_per_s")) if first["system"] != "durq" else "",
+                load_text(group),
+            ]
+        )
+    header = ["system", "database", "jobs/s", "wall s (with start-up)", "CPU ms/job", "peak RSS MB", "durq ×", "load"]
+    return table(header, rows)
+
+
+def enqueue_table(lines: list[Line]) -> str:
+    rows = []
+    for mode in ("single", "bulk"):
+        for first, group in groups(lines, "enqueue", mode=mode):
+            durq = _durq_median(lines, "enqueue", first["database"], "jobs_per_s", mode=mode)
+            rows.append(
+                [
+                    first["label"],
+                    DB_LABEL.get(first["database"], first["database"]),
+                    mode,
+                    cell(group, "jobs_per_s"),
+                    ratio(durq, median(group, "jobs_per_s")) if first["system"] != "durq" else "",
+                    str(group[0]["metrics"].get("method", "")),
+                ]
+            )
+    return table(["system", "database", "mode", "jobs/s", "durq ×", "how"], rows)
+
+
+def latency_table(lines: list[Line]) -> str:
+    rows = []
+    for first, group in groups(lines, "latency"):
+        rows.append(
+            [
+                first["label"],
+                DB_LABEL.get(first["database"], first["database"]),
+                cell(group, "p50_ms", 1),
+                cell(group, "p99_ms", 1),
+                cell(group, "max_ms", 1),
+                cell(group, "idle_cpu_percent", 2),
+                cell(group, "idle_sqlite_commits_per_min", 0) if first["database"] == "sqlite" else "",
+            ]
+        )
+    return table(["system", "database", "p50 ms", "p99 ms", "max ms", "idle CPU %", "idle commits/min"], rows)
+
+
+def memory_table(lines: list[Line]) -> str:
+    rows = []
+    for first, group in groups(lines, "memory"):
+        rows.append(
+            [
+                first["label"],
+                DB_LABEL.get(first["database"], first["database"]),
+                str(group[0]["metrics"].get("concurrency_model", "")),
+                cell(group, "rss_early_mb", 1),
+                cell(group, "rss_end_mb", 1),
+                cell(group, "rss_growth_percent", 1, "%"),
+                cell(group, "peak_rss_mb", 1),
+                cell(group, "peak_process_rss_mb", 1),
+            ]
+        )
+    header = ["system", "database", "processes", "RSS after 1k MB", "RSS at end MB", "growth", "peak MB", "largest process MB"]
+    return table(header, rows)
+
+
+def coexist_table(lines: list[Line]) -> str:
+    rows = []
+    for first, group in groups(lines, "coexist"):
+        rows.append(
+            [
+                first["label"],
+                cell(group, "app_errors"),
+                cell(group, lambda row: row["metrics"].get("app", {}).get("p50_ms"), 1),
+                cell(group, "app_p99_ms", 1),
+                cell(group, "app_max_ms", 1),
+                cell(group, "app_rate_percent_of_baseline", 0, "%"),
+                cell(group, "worker_jobs_per_s"),
+            ]
+        )
+    header = ["system", "app lock errors", "app p50 ms", "app p99 ms", "app max ms", "app rate vs alone", "worker jobs/s"]
+    return table(header, rows)
+
+
+def ceiling_table(lines: list[Line]) -> str:
+    # groups() keys on (system, database); the ceiling lines differ by their params instead.
+    by_params: dict[tuple[str, str], list[Line]] = defaultdict(list)
+    for line in lines:
+        if line["workload"] == "ceiling":
+            by_params[(line["database"], json.dumps(line["params"], sort_keys=True))].append(line)
+    rows = []
+    for (database, params_text), group in sorted(by_params.items(), key=lambda item: DB_ORDER.index(item[0][0])):
+        params = ", ".join(f"{key} {value}" for key, value in json.loads(params_text).items())
+        rows.append([DB_LABEL.get(database, database), params, cell(group, "commits_per_s")])
+    return table(["database", "setting", "one-row commits/s"], rows)
+
+
+def scale_table(lines: list[Line]) -> str:
+    rows = []
+    for variant in ("empty", "loaded"):
+        for first, group in groups(lines, "scale", variant=variant):
+            rows.append(
+                [
+                    DB_LABEL.get(first["database"], first["database"]),
+                    f"{variant} ({first['params'].get('rows', 0):,} rows)",
+                    cell(group, "claim_ms", 2),
+                    cell(group, "complete_ms", 2),
+                    cell(group, "probe_ms", 2),
+                    cell(group, "jobs_per_s"),
+                    cell(group, lambda row: ((row["metrics"].get("admin") or {}).get("changelist") or {}).get("ms"), 0),
+                    cell(group, lambda row: ((row["metrics"].get("admin") or {}).get("dead_letters") or {}).get("ms"), 0),
+                ]
+            )
+    header = ["database", "table", "claim of 4 ms", "complete 4 ms", "idle probe ms", "drain jobs/s", "admin list ms",
+              "dead letters ms"]  # fmt: skip
+    return table(header, rows)
+
+
+def skipped(lines: list[Line]) -> list[str]:
+    notes = []
+    for line in lines:
+        why = line.get("metrics", {}).get("skipped")
+        if why:
+            notes.append(f"- {line['workload']}: {line['label']} on {line['database']}: {why}")
+    return sorted(set(notes))
+
+
+def text_summary(lines: list[Line]) -> str:
+    parts = []
+    present = {line["workload"] for line in lines}
+    if "enqueue" in present:
+        parts += ["Enqueue", enqueue_table(lines)]
+    if "drain" in present:
+        for concurrency in sorted({line["params"].get("concurrency") for line in lines if line["workload"] == "drain"}):
+            parts += [f"Drain, concurrency {concurrency}", drain_table(lines, concurrency)]
+    if "latency" in present:
+        parts += ["Latency", latency_table(lines)]
+    if "memory" in present:
+        parts += ["Memory", memory_table(lines)]
+    if "coexist" in present:
+        parts += ["Coexistence on SQLite", coexist_table(lines)]
+    if "ceiling" in present:
+        parts += ["Ceiling", ceiling_table(lines)]
+    if "scale" in present:
+        parts += ["Scale (django-durq)", scale_table(lines)]
+    notes = skipped(lines)
+    if notes:
+        parts += ["Skipped", "\n".join(notes)]
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.render")
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--text", action="store_true", help="print the summary; write nothing")
+    args = parser.parse_args(argv)
+    lines = load(args.results)
+    if args.text:
+        print(text_summary(lines))
+        return 0
+    from . import report
+
+    report.write(lines, args.results, DOC, IMG)
+    print(f"wrote {DOC.relative_to(REPO)} and charts in {IMG.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Run the benchmarks: ``python -m benchmarks.run`` (``make bench`` runs everything and publishes).
+
+    python -m benchmarks.run --only drain --systems durq,huey-sqlite
+    python -m benchmarks.run --only latency --databases postgres --repeats 5
+    python -m benchmarks.run --quick                 # fewer jobs and repeats, for a smoke test
+    python -m benchmarks.run --publish               # merge into results/latest.jsonl, render docs
+
+Results go to ``benchmarks/results/<run id>.jsonl``, one line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import render
+from .adapters import SYSTEMS
+from .core import databases, envs, procs
+from .core.session import RESULTS, Options, Session, Skip
+from .workloads import ALL, DEFAULT
+
+DATABASES = ("sqlite", "postgres", "mysql", "redis")
+
+
+def _names(text: str | None, known: list[str] | tuple[str, ...], what: str) -> list[str]:
+    if not text:
+        return list(known)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return names
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help=f"workloads, comma-separated (default: {','.join(DEFAULT)}; also: profile)")
+    parser.add_argument("--systems", help=f"systems, comma-separated (default: all: {','.join(SYSTEMS)})")
+    parser.add_argument("--databases", help="sqlite,postgres,mysql,redis (default: all)")
+    parser.add_argument("--repeats", type=int, help="repeats per measurement (default 3; 1 for memory)")
+    parser.add_argument("--jobs", type=int, help="jobs per drain and enqueue (default 5000)")
+    parser.add_argument("--concurrency", help="drain concurrencies, comma-separated (default 1,4)")
+    parser.add_argument("--memory-jobs", type=int, help="jobs for the memory workload (default 100000)")
+    parser.add_argument("--scale-rows", type=int, help="finished + dead rows for the scale workload (default 1000000)")
+    parser.add_argument("--idle-seconds", type=float, help="idle CPU window of the latency workload (default 60)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, small counts, short windows")
+    parser.add_argument("--publish", action="store_true", help="merge into results/latest.jsonl and render docs")
+    parser.add_argument("--no-render", action="store_true", help="skip the summary table")
+    return parser.parse_args(argv)
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    options = Options()
+    if args.quick:
+        options.quick = True
+        options.repeats = 1
+        options.jobs = 2000
+        options.idle_seconds = 10
+        options.memory_jobs = 20_000
+        options.scale_rows = 100_000
+        options.coexist_seconds = 5
+    if args.repeats:
+        options.repeats = args.repeats
+    if args.jobs:
+        options.jobs = args.jobs
+    if args.memory_jobs:
+        options.memory_jobs = args.memory_jobs
+    if args.scale_rows:
+        options.scale_rows = args.scale_rows
+    if args.idle_seconds is not None:
+        options.idle_seconds = args.idle_seconds
+    if args.concurrency:
+        options.extra["concurrency"] = tuple(int(part) for part in args.concurrency.split(","))
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    workloads = _names(args.only, list(ALL), "workloads") if args.only else list(DEFAULT)
+    systems = _names(args.systems, list(SYSTEMS), "systems")
+    wanted_databases = _names(args.databases, DATABASES, "databases")
+    session = Session(options_from(args))
+    leftovers = databases.drop_leftovers()
+    if leftovers:
+        session.say(f"[setup] dropped {len(leftovers)} leftover database(s) of an interrupted run")
+    session.say(f"[setup] results: {session.results_path}")
+    session.say(f"[setup] interpreter for every system: {session.python}")
+    session.record("machine", None, "-", {}, 0, session.machine(), procs.loadavg())
+    started = time.monotonic()
+    try:
+        for name in workloads:
+            module = ALL[name]
+            session.say(f"== {name}")
+            if getattr(module, "GLOBAL", False):
+                module.run_global(session, wanted_databases)
+                continue
+            for system in systems:
+                adapter = SYSTEMS[system]
+                for database in adapter.databases:
+                    if database not in wanted_databases or not module.applies(adapter, database):
+                        continue
+                    session.say(f"-- {name}: {adapter.label} on {database}")
+                    try:
+                        session.check_database(adapter, database)
+                        module.run(session, adapter, database)
+                    except Skip as skip:
+                        session.say(f"   skipped: {skip}")
+                        session.record(name, adapter, database, {}, 0, {"skipped": str(skip)}, procs.loadavg())
+                    except (RuntimeError, subprocess.SubprocessError, OSError) as error:
+                        session.say(f"   FAILED: {error}")
+                        session.record(name, adapter, database, {}, 0, {"error": str(error)[-3000:]}, procs.loadavg())
+    finally:
+        session.close()
+    session.say(f"[done] {time.monotonic() - started:.0f} s; results in {session.results_path}")
+    lines = render.load(session.results_path)
+    if not args.no_render:
+        print(render.text_summary(lines))
+    if args.publish:
+        latest = RESULTS / "latest.jsonl"
+        merged = render.merge(render.load(latest) if latest.exists() else [], lines)
+        render.dump(merged, latest)
+        session.say(f"[publish] {latest} ({len(merged)} lines)")
+        _render_docs(session, latest)
+    return 0
+
+
+def _render_docs(session: Session, latest: Path) -> None:
+    try:
+        python = session.tools_python()
+    except envs.EnvError as error:
+        session.say(f"[publish] charts skipped: {error}")
+        python = Path(sys.executable)
+    done = subprocess.run(
+        [str(python), "-m", "benchmarks.render", str(latest)], cwd=envs.REPO, capture_output=True, text=True
+    )
+    session.say(done.stdout.strip() or done.stderr.strip()[-2000:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

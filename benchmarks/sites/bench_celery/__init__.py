@@ -1,0 +1,1 @@
+"""Benchmark job and enqueue operations for one system."""

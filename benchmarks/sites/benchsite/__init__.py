@@ -1,0 +1,1 @@
+"""The Django project every system's benchmark processes run in (workers, producers, the web app)."""

@@ -1,0 +1,18 @@
+"""The workloads, in the order a full run takes them. Each module has ``NAME`` and either
+``run(session, adapter, database)`` with ``applies(adapter, database)``, or, for measurements
+of the machine itself, ``GLOBAL = True`` and ``run_global(session, databases)``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import ceiling, coexist, drain, enqueue, latency, memory, profile, scale
+
+ALL: dict[str, ModuleType] = {
+    module.NAME: module for module in (enqueue, drain, latency, memory, coexist, ceiling, scale, profile)
+}
+# A plain full run leaves out the profiler, which slows the worker it watches.
+DEFAULT = ["enqueue", "drain", "latency", "memory", "coexist", "ceiling", "scale"]
+
+__all__ = ["ALL", "DEFAULT"]

@@ -1,0 +1,487 @@
+"""The queue in the Django admin: jobs, dead letters with retry and purge, and a Queues page.
+
+Thin: every action calls :mod:`django_durq.ops`. Built for tables of millions of rows: a page
+never runs a full ``COUNT(*)`` (the count stops at ``COUNT_CAP``), filter choices come from the
+settings, the registry and index seeks (never a DISTINCT), and facet counts are off. A job is
+never edited through a form: its detail page is read-only, and retry, cancel and purge are
+buttons and actions that need the change (retry, cancel) or delete (purge) permission.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.dateformat import format as date_format
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from . import ops
+from .clock import ms_to_datetime, now_ms
+from .conf import get_settings
+from .models import DeadLetter, Job, Queue, Status
+from .ops import format_age as age
+from .ops import local_time as when
+from .registry import registry
+
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most ``cap + 1`` rows: bounded cost on any table, exact below the cap."""
+
+    cap = COUNT_CAP
+
+    @cached_property
+    def count(self) -> int:
+        rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
+        return int(rows.order_by()[: self.cap + 1].count())
+
+    @property
+    def capped(self) -> bool:
+        return self.count > self.cap
+
+
+def pretty_json(text: str | None) -> str:
+    if text is None:
+        return "-"
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def error_history(job: Job) -> list[dict[str, Any]]:
+    try:
+        entries = job.error_list
+    except ValueError:
+        return [{"message": "(the stored error history is not valid JSON)", "traceback": job.errors}]
+    return [{**entry, "when": when(entry.get("at_ms"))} for entry in entries if isinstance(entry, dict)]
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in ops.queue_names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class NameFilter(admin.SimpleListFilter):
+    """Choices from the registry (a DISTINCT over the table would read every row)."""
+
+    title = "job name"
+    parameter_name = "name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = {definition.name for definition in registry.all()}
+        if self.value():
+            names.add(str(self.value()))  # a name no longer registered, reached by a link
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(name=self.value()) if self.value() else queryset
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "queue", "status_badge", "attempts_display", "run_at", "finished", "progress", "last_error"]
+    list_display_links = ["id", "name"]
+    list_filter = ["status", QueueFilter, NameFilter]
+    search_fields = ["unique_key"]
+    search_help_text = "A job id, or a dedupe key (exact)."
+    ordering = ["-id"]
+    list_per_page = 50
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = ["retry_selected", "cancel_selected"]
+    change_form_template = "admin/django_durq/job/change_form.html"
+    # The detail page: what the job is and its payload, then (from the template) every failed
+    # attempt, then progress, times and the lease.
+    fieldsets = [
+        (None, {"fields": ["name", "queue", "status", "attempts_display", "priority", "unique_key"]}),
+        ("Payload", {"fields": ["arguments_pretty", "result_pretty"]}),
+        ("Progress", {"fields": ["progress"]}),
+        ("Times", {"fields": ["created", "run_at", "started", "finished"]}),
+        ("Lease", {"fields": ["claimed_by", "lease_expires", "lease_length", "claim_token", "reclaimed_from", "stop"]}),
+    ]
+
+    class Media:
+        css = {"all": ["django_durq/durq.css"]}
+
+    # --- permissions: read-only detail; retry and cancel need "change" -------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Per object, False: the detail page is read-only (a saved form would overwrite the
+        # state a worker is writing). Without an object, it gates the retry and cancel actions.
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # jobs leave through purge (dead letters) or retention, never a form
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        title = str(self.opts.verbose_name_plural).capitalize()
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = list(self.fieldsets)
+        if obj is None or obj.progress_done is None:
+            fieldsets = [fieldset for fieldset in fieldsets if fieldset[0] != "Progress"]
+        if obj is None or obj.result is None:
+            fieldsets[1] = ("Payload", {"fields": ["arguments_pretty"]})
+        return fieldsets
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    # --- the list -----------------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(get_settings().database).defer("arguments", "result")
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(unique_key=term)
+        digits = term.removeprefix("#")
+        if digits.isdigit() and len(digits) < 19:
+            match |= Q(pk=int(digits))
+        return queryset.filter(match), False
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, job: Job) -> str:
+        return format_html('<span class="durq-status durq-{}">{}</span>', job.status, job.get_status_display())
+
+    @admin.display(description="attempts")
+    def attempts_display(self, job: Job) -> str:
+        return f"{job.attempts} of {job.max_attempts}"
+
+    @admin.display(description="created", ordering="created_ms")
+    def created(self, job: Job) -> str:
+        return when(job.created_ms)
+
+    @admin.display(description="due", ordering="run_at_ms")
+    def run_at(self, job: Job) -> str:
+        return when(job.run_at_ms)
+
+    @admin.display(description="started", ordering="started_ms")
+    def started(self, job: Job) -> str:
+        return when(job.started_ms)
+
+    @admin.display(description="finished", ordering="finished_ms")
+    def finished(self, job: Job) -> str:
+        return when(job.finished_ms)
+
+    @admin.display(description="lease expires")
+    def lease_expires(self, job: Job) -> str:
+        return when(job.lease_expires_ms)
+
+    @admin.display(description="lease length")
+    def lease_length(self, job: Job) -> str:
+        return age(job.lease_ms)
+
+    @admin.display(description="progress")
+    def progress(self, job: Job) -> str:
+        done, total = job.progress_done, job.progress_total
+        if done is None:
+            return "-"
+        if not total:
+            return f"{done}"
+        percent = max(0, min(100, round(100 * done / total)))
+        return format_html(
+            '<progress class="durq-progress" value="{}" max="{}"></progress> {} / {} ({}%)', done, total, done, total, percent
+        )
+
+    @admin.display(description="last error")
+    def last_error(self, job: Job) -> str:
+        history = error_history(job)
+        if not history:
+            return "-"
+        entry = history[-1]
+        prefix = f"{entry['type']}: " if entry.get("type") else ""
+        return Truncator(prefix + str(entry.get("message", ""))).chars(120)
+
+    @admin.display(description="stop requested")
+    def stop(self, job: Job) -> str:
+        return "yes: the handler's ctx.should_stop() is true" if job.stop_requested else "no"
+
+    @admin.display(description="arguments")
+    def arguments_pretty(self, job: Job) -> str:
+        return format_html('<pre class="durq-pre">{}</pre>', pretty_json(job.arguments))
+
+    @admin.display(description="result")
+    def result_pretty(self, job: Job) -> str:
+        return format_html('<pre class="durq-pre">{}</pre>', pretty_json(job.result))
+
+    # --- actions (thin: ops does the work) -----------------------------------------------------
+
+    @admin.action(description="Retry selected jobs (dead or cancelled)", permissions=["change"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        report_retry(self, request, ops.retry(queryset))
+
+    @admin.action(description="Cancel selected jobs (stop running ones)", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        report_cancel(self, request, ops.cancel(queryset))
+
+    # --- the detail page and its buttons -------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        own = [
+            path("<path:object_id>/retry/", self.admin_site.admin_view(self.retry_view), name=f"{info}_retry"),
+            path("<path:object_id>/cancel/", self.admin_site.admin_view(self.cancel_view), name=f"{info}_cancel"),
+        ]
+        return own + super().get_urls()
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        context = {**(extra_context or {}), "show_delete": False}
+        if job is not None:
+            context.update(durq_errors=error_history(job), **self.buttons(request, job))
+        return super().change_view(request, object_id, form_url, context)
+
+    def buttons(self, request: HttpRequest, job: Job) -> dict[str, bool]:
+        """Which of the detail page's buttons this user gets for this job."""
+        can_change = self.has_change_permission(request)
+        return {
+            "durq_can_retry": can_change and job.status in ops.RETRYABLE,
+            "durq_can_cancel": can_change and job.status in (Status.WAITING, Status.RUNNING),
+            "durq_can_purge": False,
+        }
+
+    def _acting_on(self, request: HttpRequest, object_id: str, permitted: bool) -> Job:
+        if not permitted:
+            raise PermissionDenied
+        return get_object_or_404(self.get_queryset(request), pk=object_id)
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self._acting_on(request, object_id, self.has_change_permission(request))
+        report_retry(self, request, ops.retry([job.pk]))
+        return HttpResponseRedirect(self.after_retry_url(job))
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self._acting_on(request, object_id, self.has_change_permission(request))
+        report_cancel(self, request, ops.cancel([job.pk]))
+        return HttpResponseRedirect(reverse("admin:django_durq_job_change", args=[job.pk]))
+
+    def after_retry_url(self, job: Job) -> str:
+        return reverse("admin:django_durq_job_change", args=[job.pk])
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(JobAdmin):
+    list_display = ["id", "name", "queue", "finished", "attempts_display", "last_error"]
+    list_filter = [QueueFilter, NameFilter]
+    ordering = ["-finished_ms", "-id"]
+    actions = ["retry_selected", "purge_selected"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).filter(status=Status.DEAD)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return admin.ModelAdmin.has_delete_permission(self, request, obj)
+
+    @admin.display(description="died", ordering="finished_ms")
+    def finished(self, job: Job) -> str:
+        return when(job.finished_ms)
+
+    @admin.action(description="Purge selected dead letters", permissions=["delete"])
+    def purge_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        if request.POST.get("post") == "yes":
+            purged = ops.purge(queryset)
+            self.message_user(request, f"Purged {purged} dead letter{'s' if purged != 1 else ''}.", messages.SUCCESS)
+            return None
+        paginator = CappedCountPaginator(queryset.order_by("-finished_ms", "-id"), 20)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Purge dead letters?",
+            "opts": self.opts,
+            "count": paginator.count,
+            "capped": paginator.capped,
+            "cap": paginator.cap,
+            "sample": paginator.page(1).object_list,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across") == "1",
+            "action": "purge_selected",
+            "index": "0",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "preserved_query": request.GET.urlencode(),
+        }
+        return TemplateResponse(request, "admin/django_durq/deadletter/purge_selected.html", context)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        own = [path("<path:object_id>/purge/", self.admin_site.admin_view(self.purge_view), name=f"{info}_purge")]
+        return own + super().get_urls()
+
+    def buttons(self, request: HttpRequest, job: Job) -> dict[str, bool]:
+        return {
+            "durq_can_retry": self.has_change_permission(request),
+            "durq_can_cancel": False,
+            "durq_can_purge": self.has_delete_permission(request),
+        }
+
+    def purge_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        job = self._acting_on(request, object_id, self.has_delete_permission(request))
+        if request.method == "POST":
+            purged = ops.purge([job.pk])
+            self.message_user(request, f"Purged {purged} dead letter{'s' if purged != 1 else ''}.", messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:django_durq_deadletter_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Purge this dead letter?",
+            "opts": self.opts,
+            "job": job,
+            "count": 1,
+            "sample": [job],
+        }
+        return TemplateResponse(request, "admin/django_durq/deadletter/purge_selected.html", context)
+
+    def after_retry_url(self, job: Job) -> str:
+        return reverse("admin:django_durq_deadletter_changelist")  # it is no longer a dead letter
+
+
+def report_retry(model_admin: admin.ModelAdmin, request: HttpRequest, result: ops.RetryResult) -> None:
+    count = len(result.retried)
+    if count or not result.skipped:
+        model_admin.message_user(request, f"Retried {count} job{'s' if count != 1 else ''}: due now.", messages.SUCCESS)
+    report_skipped(model_admin, request, "retried", result.skipped)
+
+
+def report_cancel(model_admin: admin.ModelAdmin, request: HttpRequest, result: ops.CancelResult) -> None:
+    parts = []
+    if result.cancelled:
+        parts.append(f"cancelled {len(result.cancelled)} waiting job{'s' if len(result.cancelled) != 1 else ''}")
+    if result.stopping:
+        parts.append(f"asked {len(result.stopping)} running job{'s' if len(result.stopping) != 1 else ''} to stop")
+    if parts:
+        model_admin.message_user(request, "; ".join(parts).capitalize() + ".", messages.SUCCESS)
+    report_skipped(model_admin, request, "cancelled", result.skipped)
+
+
+def report_skipped(model_admin: admin.ModelAdmin, request: HttpRequest, verb: str, skipped: dict[int, str]) -> None:
+    if not skipped:
+        return
+    shown = "; ".join(f"#{job_id} {reason}" for job_id, reason in list(skipped.items())[:10])
+    more = f" (and {len(skipped) - 10} more)" if len(skipped) > 10 else ""
+    count = len(skipped)
+    model_admin.message_user(
+        request, f"{count} job{'s were' if count != 1 else ' was'} not {verb}: {shown}{more}.", messages.WARNING
+    )
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    """The Queues page: counts, oldest wait, live workers and the last hour's throughput."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        return [path("", self.admin_site.admin_view(self.dashboard_view), name="django_durq_queue_changelist")]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        now = now_ms()
+        rows = ops.stats(now_ms=now)
+        workers = [
+            {
+                "worker": worker,
+                "queues": ops.worker_queues(worker),
+                "started": when(worker.started_ms),
+                "seen": age(now - worker.last_seen_ms),
+            }
+            for worker in ops.live_workers(now_ms=now)
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queues",
+            "opts": self.opts,
+            "rows": [{"stats": row, "oldest": age(row.oldest_wait_ms)} for row in rows],
+            "workers": workers,
+            "chart": throughput_chart(ops.throughput(now_ms=now)),
+            "now": when(now),
+        }
+        return TemplateResponse(request, "admin/django_durq/queue/dashboard.html", context)
+
+
+def throughput_chart(buckets: list[ops.Bucket]) -> dict[str, Any]:
+    """Geometry of the Queues page's SVG bar chart: finished (below) and failed (stacked above) per minute."""
+    left, top, plot_width, plot_height, bottom = 48, 8, 720, 160, 24
+    slot = plot_width / max(len(buckets), 1)
+    peak = max((bucket.finished + bucket.failed for bucket in buckets), default=0)
+    step = next(s * 10**k for k in range(12) for s in (1, 2, 5) if 4 * s * 10**k >= peak)
+    scale = 4 * step
+    base = top + plot_height
+    bars = []
+    for index, bucket in enumerate(buckets):
+        finished_h = bucket.finished / scale * plot_height
+        failed_h = bucket.failed / scale * plot_height
+        bars.append(
+            {
+                "x": round(left + index * slot + 1, 1),
+                "width": round(slot - 2, 1),
+                "finished_y": round(base - finished_h, 1),
+                "finished_h": round(finished_h, 1),
+                "failed_y": round(base - finished_h - failed_h, 1),
+                "failed_h": round(failed_h, 1),
+                "title": f"{clock_time(bucket.minute_ms)}: {bucket.finished} finished, {bucket.failed} failed",
+            }
+        )
+    labels = [*range(0, len(buckets), 15), len(buckets) - 1]
+    return {
+        "width": left + plot_width + 16,
+        "height": base + bottom,
+        "left": left,
+        "right": left + plot_width,
+        "base": base,
+        "bars": bars,
+        "grid": [{"y": round(base - i * step / scale * plot_height, 1), "label": f"{i * step:,}"} for i in range(5)],
+        "times": [
+            {"x": round(left + index * slot + slot / 2, 1), "label": clock_time(buckets[index].minute_ms)}
+            for index in sorted(set(labels))
+            if buckets
+        ],
+        "finished": sum(bucket.finished for bucket in buckets),
+        "failed": sum(bucket.failed for bucket in buckets),
+    }
+
+
+def clock_time(ms: int) -> str:
+    moment = ms_to_datetime(ms)
+    assert moment is not None
+    return date_format(timezone.localtime(moment), "H:i")

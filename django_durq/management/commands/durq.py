@@ -1,0 +1,219 @@
+"""``manage.py durq stats|failed|retry|purge|cancel``: operate the queue from the shell.
+
+Thin: arguments are checked at the edge (a bad one exits with status 2 and one line saying
+why), then :mod:`django_durq.ops` does the work. A retry or cancel that leaves some of the
+named jobs alone says which and why, and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any, NoReturn
+
+from django.core.management import BaseCommand, CommandError, CommandParser
+
+from ... import ops
+from ...clock import ms_to_datetime, now_ms
+
+USAGE_ERROR = 2
+NOT_ALL_DONE = 1
+
+_UNITS_MS = {"s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$")
+
+
+class OneLineParser(CommandParser):
+    """Reports a usage error as one line and exit status 2 (a ``CommandError`` when called from code)."""
+
+    def error(self, message: str) -> NoReturn:
+        if self.called_from_command_line:
+            self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+        raise CommandError(f"Error: {message}", returncode=USAGE_ERROR)
+
+
+def job_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1 or len(text) > 18:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a positive whole number)")
+    return int(text)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def duration_ms(text: str) -> int:
+    """``30s``, ``15m``, ``12h``, ``7d``, ``2w`` -> milliseconds."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 12h, 7d, 2w")
+    return round(float(match.group(1)) * _UNITS_MS[match.group(2)])
+
+
+def queue_name(text: str) -> str:
+    if not text or ":" in text or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name (1 to 100 characters, no ':')")
+    return text
+
+
+class Command(BaseCommand):
+    help = "Operate the queue: stats, failed, retry, purge, cancel."
+    requires_system_checks: list[str] = []  # an operator needs these most when something is wrong
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.error = OneLineParser.error.__get__(parser)  # type: ignore[method-assign]
+        commands = parser.add_subparsers(
+            dest="action", required=True, metavar="{stats,failed,retry,purge,cancel}", parser_class=OneLineParser
+        )
+
+        stats = commands.add_parser("stats", help="Counts per queue: waiting, delayed, running, dead, oldest wait, throughput.")
+        stats.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+        failed = commands.add_parser("failed", help="List dead letters, most recent first.")
+        failed.add_argument("--queue", type=queue_name, help="Only this queue.")
+        failed.add_argument("--limit", type=positive_int, default=50, help="At most this many (default 50).")
+        failed.add_argument("--json", action="store_true", help="Print JSON with every attempt's error.")
+
+        retry = commands.add_parser("retry", help="Dead or cancelled jobs back to waiting, due now, attempts reset.")
+        retry.add_argument("ids", nargs="*", type=job_id, metavar="ID", help="Job ids.")
+        retry.add_argument("--all-failed", action="store_true", help="Every dead letter (of --queue).")
+        retry.add_argument("--queue", type=queue_name, help="With --all-failed: only this queue.")
+
+        purge = commands.add_parser("purge", help="Delete dead letters that died at least this long ago.")
+        purge.add_argument("--older-than", type=duration_ms, required=True, metavar="AGE", help="e.g. 7d, 12h, 30m.")
+        purge.add_argument("--queue", type=queue_name, help="Only this queue.")
+        purge.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
+
+        cancel = commands.add_parser("cancel", help="Cancel waiting jobs; ask running ones to stop.")
+        cancel.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Job ids.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        getattr(self, f"do_{options['action']}")(options)
+
+    # --- subcommands -------------------------------------------------------------------------------
+
+    def do_stats(self, options: dict[str, Any]) -> None:
+        rows = ops.stats(now_ms=now_ms())
+        if options["json"]:
+            self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
+            return
+        table = [["QUEUE", "WAITING", "DELAYED", "RUNNING", "DEAD", "OLDEST WAIT", "DONE 1m/1h", "FAILED 1m/1h", "WORKERS"]]
+        for row in rows:
+            table.append(
+                [
+                    row.queue,
+                    str(row.waiting),
+                    str(row.delayed),
+                    str(row.running),
+                    str(row.dead),
+                    ops.format_age(row.oldest_wait_ms),
+                    f"{row.finished_last_minute}/{row.finished_last_hour}",
+                    f"{row.failed_last_minute}/{row.failed_last_hour}",
+                    f"{row.workers} ({row.slots} slots)",
+                ]
+            )
+        self._table(table)
+
+    def do_failed(self, options: dict[str, Any]) -> None:
+        jobs = ops.failed(queue=options["queue"], limit=options["limit"])
+        if options["json"]:
+            data = [
+                {
+                    "id": job.pk,
+                    "name": job.name,
+                    "queue": job.queue,
+                    "attempts": job.attempts,
+                    "max_attempts": job.max_attempts,
+                    "died_at": _iso(job.finished_ms),
+                    "arguments": json.loads(job.arguments),
+                    "errors": job.error_list,
+                }
+                for job in jobs
+            ]
+            self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        if not jobs:
+            self.stdout.write("No dead letters.")
+            return
+        table = [["ID", "NAME", "QUEUE", "ATTEMPTS", "DIED", "LAST ERROR"]]
+        for job in jobs:
+            error = job.last_error or {}
+            message = f"{error['type']}: " if error.get("type") else ""
+            message = " ".join((message + str(error.get("message", ""))).split())
+            table.append(
+                [
+                    str(job.pk),
+                    job.name,
+                    job.queue,
+                    f"{job.attempts}/{job.max_attempts}",
+                    ops.local_time(job.finished_ms),
+                    message[:80],
+                ]
+            )
+        self._table(table)
+
+    def do_retry(self, options: dict[str, Any]) -> None:
+        ids, every = options["ids"], options["all_failed"]
+        if ids and every:
+            raise CommandError("retry: give job ids or --all-failed, not both", returncode=USAGE_ERROR)
+        if not ids and not every:
+            raise CommandError("retry: give job ids, or --all-failed to retry every dead letter", returncode=USAGE_ERROR)
+        if options["queue"] is not None and not every:
+            raise CommandError("retry: --queue goes with --all-failed", returncode=USAGE_ERROR)
+        now = now_ms()
+        result = ops.retry_failed(queue=options["queue"], now_ms=now) if every else ops.retry(ids, now_ms=now)
+        count = len(result.retried)
+        if count:
+            self.stdout.write(f"Retried {count} job{'s' if count != 1 else ''}{_list(result.retried)}: due now.")
+        elif not result.skipped:
+            self.stdout.write("No dead letters to retry.")
+        self._skipped("retried", result.skipped)
+
+    def do_purge(self, options: dict[str, Any]) -> None:
+        now = now_ms()
+        bound = ops.local_time(now - options["older_than"])
+        count = ops.purge(older_than_ms=options["older_than"], queue=options["queue"], now_ms=now, dry_run=options["dry_run"])
+        where = f" in queue {options['queue']!r}" if options["queue"] else ""
+        verb = "Would purge" if options["dry_run"] else "Purged"
+        self.stdout.write(f"{verb} {count} dead letter{'s' if count != 1 else ''}{where} that died at or before {bound}.")
+
+    def do_cancel(self, options: dict[str, Any]) -> None:
+        result = ops.cancel(options["ids"], now_ms=now_ms())
+        waiting, running = len(result.cancelled), len(result.stopping)
+        if waiting:
+            self.stdout.write(f"Cancelled {waiting} waiting job{'s' if waiting != 1 else ''}{_list(result.cancelled)}.")
+        if running:
+            self.stdout.write(
+                f"Asked {running} running job{'s' if running != 1 else ''}{_list(result.stopping)} to stop: "
+                "each is cancelled when its handler returns (ctx.should_stop() is now true)."
+            )
+        self._skipped("cancelled", result.skipped)
+
+    # --- output ------------------------------------------------------------------------------------
+
+    def _skipped(self, verb: str, skipped: dict[int, str]) -> None:
+        if not skipped:
+            return
+        for job_id_, reason in skipped.items():
+            self.stderr.write(f"Job {job_id_} not {verb}: {reason}.")
+        raise CommandError(f"{len(skipped)} job(s) not {verb}", returncode=NOT_ALL_DONE)
+
+    def _table(self, rows: list[list[str]]) -> None:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _list(ids: list[int]) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(str(job_id_) for job_id_ in ids[:20])
+    return f" ({shown}{', …' if len(ids) > 20 else ''})"
+
+
+def _iso(ms: int | None) -> str | None:
+    moment = ms_to_datetime(ms)
+    return moment.isoformat() if moment is not None else None

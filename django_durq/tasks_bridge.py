@@ -1,0 +1,184 @@
+"""How durq workers run Django ``@task`` functions without importing paths stored in rows.
+
+A queued Django task is a durq job named after the task's ``module_path``. The row only *names*
+the task: no process imports a name it reads from the database, so a forged or stale row cannot
+make a worker import or run arbitrary code. Each Task registers itself under that name when its
+module is imported (``DurqBackend.validate_task``, which Django calls as ``@task`` builds the
+Task), and every process imports the modules that define tasks once its apps are ready: each
+installed app's ``tasks.py`` (as durq imports ``jobs.py``) and the modules listed in the
+backend's ``OPTIONS["MODULES"]``. A job whose name was never registered fails like any unknown
+job type, and ``get_result()`` does not report it.
+
+Every Django task has the same durq handler, :func:`run_task`, which calls the task as Django's
+own backends do and sends ``task_started``. ``task_finished`` is sent once the outcome is
+recorded (durq's ``job_finished`` and ``job_dead`` signals), so its receivers read what is stored.
+This module imports Django's tasks framework only when a task runs, so that it can be imported
+(by ``apps.py``) on a Django without one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.dispatch import receiver
+from django.utils.module_loading import autodiscover_modules, import_string
+
+from .conf import get_settings
+from .context import JobContext
+from .registry import JobDefinition, registry
+from .signals import job_dead, job_finished
+
+if TYPE_CHECKING:
+    from .models import Job
+
+logger = logging.getLogger("django_durq")
+
+BACKEND_PATH = "django_durq.backend.DurqBackend"
+
+_tasks: dict[str, Any] = {}  # job name -> the Task registered under it
+_lock = threading.Lock()
+_running = threading.local()  # (job id, running TaskResult) of the task this thread runs
+
+
+def register(task: Any) -> None:
+    """Let workers run ``task`` under its module path; ValueError when a ``@job`` owns that name."""
+    name = task.module_path
+    with _lock:
+        current = _tasks.get(name)
+        if current is not None and current.func is task.func and registry.get(name) is not None:
+            return  # the same function again (a using() copy): keep the first Task
+        definition = JobDefinition(
+            run_task,
+            name=name,
+            queue=None,
+            priority=0,
+            max_attempts=None,
+            lease=None,
+            timeout=None,
+            backoff=None,
+            cron=None,
+        )
+        registry.add(definition)
+        _tasks[name] = task
+
+
+def task_named(name: str) -> Any | None:
+    """The Task registered under a job name, or None."""
+    return _tasks.get(name)
+
+
+def definition_for(task: Any) -> JobDefinition:
+    register(task)
+    return registry.require(task.module_path)
+
+
+def run_task(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+    """The durq handler of every Django task: call it as Django's backends do."""
+    from .backend import normalize_json, result_for_job, task_context, task_started
+
+    task = _tasks[ctx.name]
+    row = _row(ctx.job_id)
+    if row is None:  # pragma: no cover - the row of a claimed job exists unless purged meanwhile
+        raise LookupError(f"job {ctx.job_id} disappeared while it started")
+    result = result_for_job(row, task, task.backend)
+    _running.current = (ctx.job_id, result)
+    task_started.send(sender=_sender(task), task_result=result)
+    leading = (task_context(result, ctx),) if task.takes_context else ()
+    return normalize_json(task.call(*leading, *args, **kwargs))
+
+
+@receiver(job_finished, dispatch_uid="django_durq.tasks_bridge.job_finished")
+def _on_job_finished(sender: Any, *, job_id: int, name: str, result: Any = None, **kwargs: Any) -> None:
+    task = _tasks.get(name)
+    if task is None:
+        return
+    from .backend import finished_result, result_for_job
+
+    current = getattr(_running, "current", None)
+    _running.current = None
+    row = _row(job_id)
+    if row is not None and row.status == "finished":
+        task_result = result_for_job(row, task, task.backend)
+    elif current is not None and current[0] == job_id:
+        task_result = finished_result(current[1], result)  # not kept (KEEP_FINISHED = 0)
+    else:  # pragma: no cover - the executor runs the handler and this receiver in one thread
+        return
+    _send_finished(task, task_result)
+
+
+@receiver(job_dead, dispatch_uid="django_durq.tasks_bridge.job_dead")
+def _on_job_dead(sender: Any, *, job_id: int, name: str, **kwargs: Any) -> None:
+    task = _tasks.get(name)
+    if task is None:
+        return
+    from .backend import result_for_job
+
+    row = _row(job_id)
+    if row is not None:
+        _send_finished(task, result_for_job(row, task, task.backend))
+
+
+def _send_finished(task: Any, task_result: Any) -> None:
+    # The outcome is already recorded: a receiver that raises cannot change it, so it is logged.
+    from .backend import task_finished
+
+    for handler, response in task_finished.send_robust(sender=_sender(task), task_result=task_result):
+        if isinstance(response, Exception):
+            logger.error("durq: task_finished receiver %r raised", handler, exc_info=response)
+
+
+def _sender(task: Any) -> type:
+    return type(task.get_backend())
+
+
+def _row(job_id: int) -> Job | None:
+    from .models import Job
+
+    return Job.objects.using(get_settings().database).filter(pk=job_id).first()
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+
+def autodiscover_tasks() -> None:
+    """Import the modules that define tasks, when a ``TASKS`` backend is a DurqBackend."""
+    modules = _configured_modules()
+    if modules is None:
+        return
+    autodiscover_modules("tasks")
+    for module in modules:
+        import_module(module)
+
+
+def _configured_modules() -> list[str] | None:
+    """``OPTIONS["MODULES"]`` of every DurqBackend in ``TASKS``; None when there is none."""
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict):
+        return None
+    modules: list[str] | None = None
+    for params in configured.values():
+        if not isinstance(params, dict) or not _is_durq_backend(params.get("BACKEND")):
+            continue
+        modules = modules or []
+        options = params.get("OPTIONS") or {}
+        listed = options.get("MODULES", []) if isinstance(options, dict) else []
+        if isinstance(listed, (list, tuple)):
+            modules.extend(module for module in listed if isinstance(module, str))
+    return modules
+
+
+def _is_durq_backend(path: Any) -> bool:
+    if not isinstance(path, str):
+        return False
+    if path == BACKEND_PATH:
+        import_module("django_durq.backend")  # says what to install when no tasks framework is
+        return True
+    try:
+        backend = import_string(path)
+    except ImportError:
+        return False  # not ours; Django reports it when the backend is used
+    return any(f"{kind.__module__}.{kind.__qualname__}" == BACKEND_PATH for kind in getattr(backend, "__mro__", ()))

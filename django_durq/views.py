@@ -1,0 +1,97 @@
+"""Monitoring views to mount with ``path("durq/", include("django_durq.urls"))``: health and Prometheus metrics.
+
+Closed by default. A request gets in when one of these holds:
+
+- the user is logged in with the ``django_durq.view_job`` permission;
+- it sends ``Authorization: Bearer <token>`` matching ``DURQ_MONITORING["TOKEN"]``;
+- ``DURQ_MONITORING["PUBLIC"]`` is True (for an endpoint only a private network reaches).
+
+``DURQ_MONITORING["MAX_WAIT"]`` (seconds, default 300) and ``["MIN_WORKERS"]`` (default 1) set
+when the health check answers 503.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from . import ops
+from .clock import now_ms
+
+
+def _monitoring() -> dict[str, Any]:
+    options = getattr(settings, "DURQ_MONITORING", None) or {}
+    return options if isinstance(options, dict) else {}
+
+
+def _authorize(request: HttpRequest) -> None:
+    options = _monitoring()
+    if options.get("PUBLIC") is True:
+        return
+    token = options.get("TOKEN")
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), str(token).encode()):
+        return
+    if request.user.is_authenticated and request.user.has_perm("django_durq.view_job"):
+        return
+    raise PermissionDenied
+
+
+@never_cache
+@require_GET
+def health(request: HttpRequest) -> HttpResponse:
+    """200 when the database answers, enough workers are live and no due job waited too long; else 503."""
+    _authorize(request)
+    options = _monitoring()
+    report = ops.health(
+        now_ms=now_ms(),
+        max_wait_ms=round(float(options.get("MAX_WAIT", 300)) * 1000),
+        min_workers=int(options.get("MIN_WORKERS", 1)),
+    )
+    return JsonResponse(report, status=200 if report["healthy"] else 503)
+
+
+GAUGES = [
+    ("durq_jobs_finished_last_minute", "finished_last_minute", "Jobs finished in the last minute."),
+    ("durq_jobs_failed_last_minute", "failed_last_minute", "Attempts that failed in the last minute (retried or not)."),
+    ("durq_jobs_finished_last_hour", "finished_last_hour", "Jobs finished in the last hour."),
+    ("durq_jobs_failed_last_hour", "failed_last_hour", "Attempts that failed in the last hour (retried or not)."),
+    ("durq_workers", "workers", "Live worker processes serving the queue."),
+    ("durq_worker_slots", "slots", "Pool slots of the live workers serving the queue."),
+]
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The ops stats in the Prometheus text exposition format."""
+    _authorize(request)
+    rows = ops.stats(now_ms=now_ms())
+    lines = [
+        "# HELP durq_jobs Jobs per queue and state (waiting: due now; delayed: due later).",
+        "# TYPE durq_jobs gauge",
+    ]
+    for row in rows:
+        for state in ("waiting", "delayed", "running", "dead"):
+            lines.append(f'durq_jobs{{queue="{_label(row.queue)}",state="{state}"}} {getattr(row, state)}')
+    lines += [
+        "# HELP durq_oldest_waiting_seconds How long the longest-waiting due job has been due (0 when none is).",
+        "# TYPE durq_oldest_waiting_seconds gauge",
+    ]
+    for row in rows:
+        lines.append(f'durq_oldest_waiting_seconds{{queue="{_label(row.queue)}"}} {(row.oldest_wait_ms or 0) / 1000:g}')
+    for metric, attribute, help_text in GAUGES:
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for row in rows:
+            lines.append(f'{metric}{{queue="{_label(row.queue)}"}} {getattr(row, attribute)}')
+    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

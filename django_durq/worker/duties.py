@@ -1,0 +1,106 @@
+"""The cron and retention duties of the maintenance runner (see ``maintenance.py``).
+
+One worker per database holds the maintenance lease and runs them about once a second. A lease
+can expire while its old holder still runs, so neither duty relies on it: a schedule's due time
+is taken by compare-and-set on its row, and pruning deletes only rows that are still expired.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.db.models import Q
+
+from .. import schedules
+from ..conf import DurqSettings
+from ..models import Job, Status
+from .maintenance import INTERVAL_MS, register_duty
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class CronDuty:
+    """Enqueues each schedule's run once its due time has come (``schedules.tick``)."""
+
+    name = "cron"
+
+    def __init__(self, settings: DurqSettings) -> None:
+        # A worker taking over the maintenance lease from a dead one is not "late": a due time
+        # counts as missed (for missed="skip") only once it is older than a takeover can take.
+        takeover_ms = max(10 * INTERVAL_MS, 3 * settings.heartbeat_interval_ms)
+        self.on_time_ms = max(schedules.ON_TIME_MS, 2 * takeover_ms)
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        return schedules.tick(now_ms, on_time_ms=self.on_time_ms)
+
+
+class RetentionDuty:
+    """Deletes finished, cancelled and dead jobs kept longer than KEEP_FINISHED / KEEP_DEAD.
+
+    Rows go in keyset batches of ``batch_size`` ids, each its own short transaction, and at most
+    ``max_batches`` per pass so the other duties are not held up; the next pass continues.
+    Cancelled jobs follow KEEP_DEAD: like dead letters, they can be retried. A queue's own
+    ``keep_finished`` / ``keep_dead`` in ``DURQ["QUEUES"]`` overrides the global one for its jobs.
+    """
+
+    name = "retention"
+
+    def __init__(self, settings: DurqSettings, batch_size: int = 500, max_batches: int = 20) -> None:
+        self.settings = settings
+        self.batch_size = batch_size
+        self.max_batches = max_batches
+        self._batches_left = 0
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        counts = {Status.FINISHED.value: 0, Status.CANCELLED.value: 0, Status.DEAD.value: 0}
+        self._batches_left = self.max_batches
+        for status, key in (
+            (Status.FINISHED, "keep_finished_ms"),
+            (Status.CANCELLED, "keep_dead_ms"),
+            (Status.DEAD, "keep_dead_ms"),
+        ):
+            for where, keep_ms in self._rules(key):
+                if keep_ms is not None:
+                    counts[status.value] += self._prune(status, where, now_ms - keep_ms)
+        return counts
+
+    def _rules(self, key: str) -> list[tuple[Q, int | None]]:
+        """(which jobs, how long they are kept): each queue with its own setting, then the rest."""
+        own = {name: getattr(queue, key) for name, queue in self.settings.queues.items() if getattr(queue, key) is not None}
+        rules: list[tuple[Q, int | None]] = [(Q(queue=name), keep_ms) for name, keep_ms in sorted(own.items())]
+        rules.append((~Q(queue__in=sorted(own)) if own else Q(), getattr(self.settings, key)))
+        return rules
+
+    def _prune(self, status: Status, where: Q, horizon_ms: int) -> int:
+        jobs = Job.objects.using(self.settings.database)
+        expired = jobs.filter(where, status=status, finished_ms__lt=horizon_ms)
+        deleted = 0
+        after: tuple[int | None, int] | None = None
+        while self._batches_left > 0:
+            self._batches_left -= 1
+            page = expired
+            if after is not None:
+                page = page.filter(Q(finished_ms__gt=after[0]) | Q(finished_ms=after[0], id__gt=after[1]))
+            keys = list(page.order_by("finished_ms", "id").values_list("finished_ms", "id")[: self.batch_size])
+            if not keys:
+                break
+            # Deleted only while still expired: an operator may have retried a dead job meanwhile.
+            count, _ = expired.filter(id__in=[id_ for _, id_ in keys]).delete()
+            deleted += count
+            if len(keys) < self.batch_size:
+                break
+            after = keys[-1]
+        return deleted
+
+
+def _cron(runtime: Runtime) -> CronDuty:
+    return CronDuty(runtime.settings)
+
+
+def _retention(runtime: Runtime) -> RetentionDuty:
+    return RetentionDuty(runtime.settings)
+
+
+register_duty(_cron)
+register_duty(_retention)

@@ -1,0 +1,213 @@
+"""Crashes: kill -9 at a race point, a claim whose outcome the worker never learns, poison pills,
+a reused worker name, lost worker rows, a killed process with its slots full (T07, T08, T11-T13).
+
+``durq_worker`` is one process whose pools are threads, so there is no child to replace: when
+it dies, its running jobs come back through their leases, and restarting the process is the
+process manager's job (systemd, Kubernetes, supervisord). The tests play that role.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from django_durq.clock import now_ms
+from django_durq.models import Job, Status, WorkerProcess
+from tests.conftest import db_vendor, wait_until
+from tests.ledger import checker, jobs
+from tests.ledger.models import Effect
+
+from .conftest import HEAVY, LEASE_S, POLL_S, cut_connections, is_gone, only_on, problems_in
+
+pytestmark = pytest.mark.processes
+
+RECOVERY_S = LEASE_S + POLL_S + 2  # the catalogue's cap: L + P + 2 s
+# How a worker says it lost a lease: from a heartbeat, at the end of the run, or at completion.
+FENCED = re.compile(r"lost its lease|finished after its lease was lost")
+
+
+def no_stale_running_rows() -> None:
+    """Fail when a running row has kept an expired lease for longer than P + 1 s."""
+    horizon = now_ms() - int((POLL_S + 1) * 1000)
+    stale = list(Job.objects.filter(status=Status.RUNNING, lease_expires_ms__lt=horizon).values_list("pk", flat=True))
+    assert not stale, f"running rows whose lease expired over {POLL_S + 1} s ago: {stale}"
+
+
+def held_at_after_claim(faults, job_id: int, *args: str):
+    """A worker that claimed ``job_id`` and is held right after the claim committed."""
+    faults.gates.close("after_claim")
+    worker = faults.spawn("--queue", "default:1", *args, hooks=True)
+    faults.gates.wait("after_claim", job_id)
+    return worker
+
+
+def worker_id_of(job_id: int) -> str:
+    return Job.objects.values_list("claimed_by", flat=True).get(pk=job_id)
+
+
+def test_t07_kill_9_after_the_claim_is_recovered_through_the_lease(faults):
+    held = jobs.effect.enqueue(tag="held")
+    victim = held_at_after_claim(faults, held.pk)
+    victim_id = worker_id_of(held.pk)
+    others = jobs.effect.enqueue_many([{"tag": "other"} for _ in range(100)])
+    rescuer = faults.spawn_ready("--queue", "default:2")
+
+    victim.kill()
+    wait_until(lambda: Job.objects.get(pk=held.pk).attempts == 2, RECOVERY_S, "the held job to be claimed again")
+    acked = {held.pk} | {row.pk for row in others}
+    wait_until(lambda: not Job.objects.active().exists(), 60, "the drain")
+
+    row = Job.objects.get(pk=held.pk)
+    assert row.status == Status.FINISHED and row.attempts == 2
+    assert [(e["attempt"], e["kind"], e["worker"]) for e in row.error_list] == [(1, "lease_expired", victim_id)]
+    verdict = checker.check(acked)
+    assert verdict.exact, verdict
+    assert set(Effect.objects.values_list("pid", flat=True)) == {rescuer.pid}
+    assert problems_in(rescuer.output()) == []
+
+
+@only_on("postgres", "mysql")
+def test_t08_claim_outcome_unknown_connection_cut_then_kill_9(faults):
+    held = jobs.effect.enqueue(tag="held")
+    victim = held_at_after_claim(faults, held.pk)
+    rescuer = faults.spawn_ready("--queue", "default:1")
+
+    # The victim's connections go first (the rescuer's too: it must reconnect), then the victim.
+    assert cut_connections() >= 1
+    victim.kill()
+    deadline = time.monotonic() + RECOVERY_S
+    while Job.objects.get(pk=held.pk).attempts < 2:
+        no_stale_running_rows()
+        assert time.monotonic() < deadline, f"the job was not runnable again within {RECOVERY_S} s"
+        time.sleep(0.05)
+    wait_until(lambda: Job.objects.get(pk=held.pk).status == Status.FINISHED, 30, "the rescue to finish")
+
+    row = Job.objects.get(pk=held.pk)
+    assert row.attempts == 2 and [e["kind"] for e in row.error_list] == ["lease_expired"]
+    assert checker.check({held.pk}).exact
+    # The rescuer lost its connections too; it reconnected without an error.
+    assert problems_in(rescuer.output()) == []
+
+
+CRASH_MODE = {"sqlite": "exit", "postgres": "segv", "mysql": "sigkill"}
+
+
+@pytest.mark.parametrize("mode", ["exit", "sigkill", "segv"])
+def test_t11_poison_pill_that_kills_its_worker_becomes_a_dead_letter(faults, mode):
+    if not HEAVY and mode != CRASH_MODE[db_vendor()]:
+        pytest.skip("one crash mode per database in CI; all of them with DURQ_TEST_HEAVY=1")
+    poison = jobs.crash.enqueue(mode=mode)  # max_attempts=3
+    normal = jobs.effect.enqueue_many([{"tag": "normal"} for _ in range(50)])
+
+    # The process manager: restart the worker whenever it dies.
+    exits: list[int] = []
+    worker = faults.spawn("--queue", "default:1")
+    deadline = time.monotonic() + 60
+    while Job.objects.get(pk=poison.pk).status != Status.DEAD:
+        assert time.monotonic() < deadline, f"no dead letter after 60 s; exits {exits}"
+        if worker.popen.poll() is not None:
+            exits.append(worker.popen.returncode)
+            worker = faults.spawn("--queue", "default:1")
+        time.sleep(0.05)
+    wait_until(lambda: not Job.objects.active().exists(), 30, "the normal jobs")
+
+    row = Job.objects.get(pk=poison.pk)
+    assert row.attempts == 3 and len(row.error_list) == 3
+    assert {e["kind"] for e in row.error_list} == {"lease_expired"}
+    assert len(exits) == 3, exits
+    assert set(exits) == {{"exit": 137, "sigkill": -9, "segv": -11}[mode]}
+    assert worker.popen.poll() is None, "the pool is alive at the end"
+    assert Effect.objects.filter(job_id=poison.pk).count() == 3  # each crash came after its effect
+    verdict = checker.check({poison.pk} | {row.pk for row in normal})
+    assert verdict.ok and verdict.duplicated == [poison.pk] and verdict.dead == [poison.pk], verdict
+    assert "lost its worker on its last attempt -> dead letter" in worker.output()
+
+
+@only_on("sqlite", "postgres")
+@pytest.mark.parametrize("variant", ["same-worker-id", "worker-rows-deleted"])
+def test_t12_recovery_needs_only_the_job_lease(faults, variant):
+    held = jobs.effect.enqueue(tag="held")
+    victim = held_at_after_claim(faults, held.pk, "--worker-id", "w1")
+    assert worker_id_of(held.pk) == "w1"
+
+    victim.kill()
+    if variant == "same-worker-id":
+        successor = faults.spawn("--queue", "default:1", "--worker-id", "w1")
+    else:
+        WorkerProcess.objects.all().delete()
+        successor = faults.spawn("--queue", "default:1", "--worker-id", "w2")
+    wait_until(lambda: Job.objects.get(pk=held.pk).attempts == 2, RECOVERY_S + 2, "the orphan to be reclaimed")
+    wait_until(lambda: Job.objects.get(pk=held.pk).status == Status.FINISHED, 30, "the orphan to finish")
+
+    row = Job.objects.get(pk=held.pk)
+    assert [(e["kind"], e["worker"]) for e in row.error_list] == [("lease_expired", "w1")]
+    assert row.claimed_by == ("w1" if variant == "same-worker-id" else "w2")
+    assert checker.check({held.pk}).exact
+    assert Effect.objects.get(job_id=held.pk).pid == successor.pid
+
+
+@only_on("sqlite", "postgres")
+def test_t13_killed_worker_with_every_slot_busy_leaves_nothing_behind(faults):
+    busy = jobs.effect.enqueue_many([{"tag": "busy", "sleep": 2.0} for _ in range(4)])
+    victim = faults.spawn("--queue", "default:4")
+    wait_until(lambda: Job.objects.running().count() == 4, 60, "four running jobs")
+    rescuer = faults.spawn_ready("--queue", "default:4")
+
+    victim.kill()
+    wait_until(lambda: is_gone(victim), 5, "no process of the killed worker to remain")
+    wait_until(lambda: Effect.objects.count() == 4, RECOVERY_S + 2 + 5, "the four jobs to be recovered")
+    wait_until(lambda: not Job.objects.active().exists(), 10, "completion")
+
+    for row in Job.objects.all():
+        assert row.attempts == 2 and [e["kind"] for e in row.error_list] == ["lease_expired"]
+    assert checker.check({row.pk for row in busy}).exact
+    assert set(Effect.objects.values_list("pid", flat=True)) == {rescuer.pid}
+
+
+def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
+    paused = jobs.effect.enqueue(tag="paused", sleep=1.0)
+    sleeper = faults.spawn("--queue", "default:1")
+    wait_until(lambda: Job.objects.running().exists(), 60, "the job to start")
+    rescuer = faults.spawn_ready("--queue", "default:1")
+
+    sleeper.signal(signal.SIGSTOP)  # a VM pause, a stop-the-world swap storm, a debugger
+    try:
+        wait_until(lambda: Job.objects.get(pk=paused.pk).attempts == 2, RECOVERY_S, "the rescuer to claim the job")
+        wait_until(lambda: Job.objects.get(pk=paused.pk).status == Status.FINISHED, 30, "the rescue to finish")
+    finally:
+        sleeper.signal(signal.SIGCONT)
+    # Back from the pause, the first worker learns it lost the lease (from its heartbeat or from
+    # its fenced completion, whichever comes first); its outcome changes nothing.
+    wait_until(lambda: Effect.objects.filter(pid=sleeper.pid).exists(), 30, "the resumed handler to finish its run")
+    wait_until(lambda: FENCED.search(sleeper.output()), 10, "the fence")
+    row = Job.objects.get(pk=paused.pk)
+    assert (row.status, row.attempts, row.claimed_by) == (Status.FINISHED, 2, worker_id_of(paused.pk))
+    assert [e["kind"] for e in row.error_list] == ["lease_expired"]
+    verdict = checker.check({paused.pk})
+    assert verdict.ok and verdict.duplicated == [paused.pk], verdict  # explained by the recorded expiry
+    # The resumed worker is healthy: it runs the next job.
+    after = jobs.effect.enqueue(tag="after")
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=30) == 0
+    wait_until(lambda: Effect.objects.filter(job_id=after.pk, pid=sleeper.pid).exists(), 30, "the resumed worker's next job")
+    assert problems_in(sleeper.output()) == []
+
+
+@only_on("sqlite", "postgres")
+def test_stalled_heartbeat_loses_the_lease_and_the_late_completion_is_fenced(faults):
+    stalled = jobs.effect.enqueue(tag="stalled", sleep=3.0)
+    faults.gates.close("in_heartbeat")  # the heartbeat thread hangs, as on a stuck connection
+    holder = faults.spawn("--queue", "default:1", hooks=True)
+    faults.gates.wait("in_heartbeat", stalled.pk)
+    rescuer = faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: Effect.objects.filter(pid=rescuer.pid).exists(), RECOVERY_S + 3, "the rescuer to take the job")
+    wait_until(lambda: FENCED.search(holder.output()), 15, "the holder's fenced completion")
+    faults.gates.open("in_heartbeat")
+
+    row = Job.objects.get(pk=stalled.pk)
+    assert (row.status, row.attempts) == (Status.FINISHED, 2) and [e["kind"] for e in row.error_list] == ["lease_expired"]
+    verdict = checker.check({stalled.pk})
+    assert verdict.ok and sorted(Effect.objects.values_list("token", flat=True)) == [1, 2], verdict

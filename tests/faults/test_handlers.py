@@ -1,0 +1,188 @@
+"""Handlers that misbehave, and completions that fail (T18-T22), in real worker processes."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import pytest
+
+from django_durq.models import Job, Status, WorkerProcess
+from tests.conftest import wait_until
+from tests.ledger import checker, jobs
+from tests.ledger.models import Effect
+
+from .conftest import POLL_S, cut_connections, only_on, problems_in, rss_mb, size
+
+pytestmark = pytest.mark.processes
+
+ODD_EXITS = {
+    "SystemExit": ("SystemExit", "3"),
+    "KeyboardInterrupt": ("KeyboardInterrupt", "KeyboardInterrupt"),
+    "GeneratorExit": ("GeneratorExit", "GeneratorExit"),
+    "RecursionError": ("RecursionError", "maximum recursion depth exceeded"),
+    "MemoryError": ("MemoryError", "pretend"),
+    "BadStr": ("tests.ledger.jobs.raise_base.<locals>.BadStr", "BadStr()"),
+}
+
+
+def test_t18_base_exceptions_and_odd_results_are_failed_attempts_in_a_live_worker(faults):
+    odd = {kind: jobs.raise_base.using(max_attempts=1).enqueue(kind=kind) for kind in ODD_EXITS}
+    bad_result = jobs.bad_result.enqueue()
+    after = jobs.effect.enqueue_many([{"tag": "after"} for _ in range(10)])
+    worker = faults.spawn("--queue", "default:1", "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()
+
+    for kind, (type_path, message) in ODD_EXITS.items():
+        row = Job.objects.get(pk=odd[kind].pk)
+        (entry,) = row.error_list
+        assert (row.status, entry["kind"], entry["type"]) == (Status.DEAD, "exception", type_path), kind
+        assert entry["message"].startswith(message), (kind, entry["message"])
+        assert entry["traceback"], kind
+    (entry,) = Job.objects.get(pk=bad_result.pk).error_list
+    assert "returned a value that is not JSON" in entry["message"] and "object" in entry["message"]
+    # The same process ran everything after the odd ones, and printed no traceback of its own.
+    assert checker.check({row.pk for row in after}).exact
+    assert set(Effect.objects.values_list("pid", flat=True)) == {worker.pid}
+    assert "Traceback" not in worker.output()
+    assert len(problems_in(worker.output())) == len(ODD_EXITS) + 1  # one ERROR line per dead letter, nothing else
+
+
+@only_on("sqlite", "postgres")
+def test_t19_hung_handlers_time_out_their_slots_are_refilled_and_their_late_writes_fenced(faults):
+    timeout_s = 3.0
+    hung = jobs.hang.using(timeout=timeout_s, max_attempts=1).enqueue_many([{"seconds": 7.0}, {"seconds": 7.0}])
+    normal = jobs.effect.enqueue_many([{"tag": "normal"} for _ in range(20)])
+    worker = faults.spawn("--queue", "default:2")
+    wait_until(lambda: Job.objects.running().filter(name="tests.hang").count() == 2, 60, "both hung jobs to start")
+
+    # Each hung job gets a failed attempt within T + P + 2 s, and the pool goes on with two slots.
+    wait_until(
+        lambda: Job.objects.filter(name="tests.hang", status=Status.DEAD).count() == 2, timeout_s + POLL_S + 2, "the timeouts"
+    )
+    wait_until(lambda: Effect.objects.filter(tag="normal").count() == 20, 30, "the normal jobs on the refilled slots")
+    # The hung handlers return at 7 s; their outcome matches no row any more.
+    wait_until(lambda: Effect.objects.filter(tag="hang-returned").count() == 2, 30, "the hung handlers to return")
+    wait_until(lambda: worker.output().count("failed after its lease was lost") == 2, 10, "the fenced late writes")
+
+    for row in Job.objects.filter(name="tests.hang"):
+        (entry,) = row.error_list
+        assert (row.status, row.attempts, entry["kind"]) == (Status.DEAD, 1, "timeout")
+        assert "the handler did not return" in entry["message"]
+    assert checker.check({row.pk for row in normal}, tag="normal").exact
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert problems_in(worker.output(), allowed=("-> dead letter",)) == []
+
+
+@only_on("sqlite", "postgres")
+def test_t20_leaking_handler_is_contained_by_recycling_between_jobs(faults):
+    total, per_worker = size(200, 10_000), 50
+    queued = jobs.leak.enqueue_many([{"megabytes": 1} for _ in range(total)])
+    recycles, peaks, baselines = 0, [], []
+    while Job.objects.active().exists():
+        assert recycles < math.ceil(total / per_worker) + 2, "too many recycles"
+        worker = faults.spawn("--queue", "default:2", "--max-jobs", str(per_worker))
+        baseline = peak = None
+        while worker.popen.poll() is None:
+            sample = rss_mb(worker.pid)
+            if sample is not None:
+                if baseline is None and WorkerProcess.objects.filter(pid=worker.pid).exists():
+                    baseline = sample[0]  # registered, about to claim: the idle footprint
+                peak = sample[1]
+            time.sleep(0.02)
+        assert worker.popen.returncode == 0, worker.output()
+        recycles += 1
+        if baseline is not None and peak is not None:
+            baselines.append(baseline)
+            peaks.append(peak - baseline)
+    assert recycles == math.ceil(total / per_worker)
+    # Peak growth of each process stays within N x 1 MB plus 30 MB; recycling happens only between jobs.
+    assert peaks and max(peaks) <= per_worker * 1 + 30, (baselines, peaks)
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    assert checker.check({row.pk for row in queued}).exact
+
+
+@only_on("sqlite", "postgres")
+def test_t21_job_deleted_while_running_is_not_recreated_and_the_worker_goes_on(faults):
+    doomed = jobs.effect.enqueue(tag="doomed")
+    faults.gates.close("before_complete")
+    worker = faults.spawn("--queue", "default:1", hooks=True)
+    faults.gates.wait("before_complete", doomed.pk)
+    Job.objects.filter(pk=doomed.pk).delete()
+    faults.gates.open("before_complete")
+
+    following = jobs.effect.enqueue(tag="following")
+    wait_until(lambda: Effect.objects.filter(tag="following").exists(), 30, "the next job")
+    assert Effect.objects.get(tag="following").pid == worker.pid
+    time.sleep(2 * 0.5)  # two heartbeat intervals: nothing may bring the row back
+    assert not Job.objects.filter(pk=doomed.pk).exists()
+    assert Job.objects.get(pk=following.pk).status == Status.FINISHED
+    output = worker.output()
+    assert f"job {doomed.pk} (tests.effect) finished after its lease was lost" in output
+    assert problems_in(output) == []
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+def test_t22_failed_completion_writes_are_retried_without_running_the_handler_again(faults):
+    faults.gates.fail("finish", 2)  # the next two completion statements raise OperationalError
+    done = jobs.effect.enqueue(tag="once")
+    worker = faults.spawn("--queue", "default:1", "--burst", hooks=True)
+    assert worker.wait(timeout=60) == 0, worker.output()
+
+    row = Job.objects.get(pk=done.pk)
+    assert (row.status, row.attempts, row.error_list) == (Status.FINISHED, 1, [])
+    assert checker.check({done.pk}).exact
+    assert worker.output().count("durq: finish failed (OperationalError: injected fault in finish") == 2
+    assert problems_in(worker.output()) == []
+
+
+@only_on("postgres", "mysql")
+def test_t22_connection_cut_before_the_completion_is_retried_on_a_new_connection(faults):
+    done = jobs.effect.enqueue(tag="once")
+    faults.gates.close("before_complete")
+    worker = faults.spawn("--queue", "default:1", hooks=True)
+    faults.gates.wait("before_complete", done.pk)
+    assert cut_connections() >= 1
+    faults.gates.open("before_complete")
+    wait_until(lambda: Job.objects.get(pk=done.pk).status == Status.FINISHED, 30, "the completion")
+
+    row = Job.objects.get(pk=done.pk)
+    assert (row.attempts, row.error_list) == (1, [])
+    assert checker.check({done.pk}).exact
+    assert "durq: finish failed" in worker.output()
+    assert problems_in(worker.output()) == []
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
+@only_on("sqlite", "postgres")
+def test_t14_long_and_cpu_bound_handlers_keep_their_lease_a_gil_holder_does_not(faults):
+    lease = 2.0
+    sleeper = jobs.effect.enqueue(tag="long", sleep=size(3, 10) * lease)
+    burner = jobs.cpu.enqueue(seconds=3 * lease)
+    holder = jobs.gil.enqueue(seconds=2 * lease)  # queue "slow"
+    worker = faults.spawn("--queue", "default:2")
+    gil_worker = faults.spawn("--queue", "slow:1")
+    wait_until(lambda: Job.objects.running().count() == 3, 60, "all three handlers running")
+    rescuer = faults.spawn_ready("--queue", "slow:1")
+    wait_until(lambda: not Job.objects.active().exists(), 60, "all three to finish")
+
+    # A and B: heartbeats from the worker's own thread kept their leases the whole time.
+    for pk in (sleeper.pk, burner.pk):
+        row = Job.objects.get(pk=pk)
+        assert (row.attempts, row.error_list) == (1, []), row.error_list
+    # C: a C call that holds the GIL longer than the lease starves the heartbeat thread. The
+    # documented limit: the lease expires, another worker runs the job again, and the first
+    # run's completion is fenced off when the call returns.
+    row = Job.objects.get(pk=holder.pk)
+    assert row.attempts == 2 and [e["kind"] for e in row.error_list] == ["lease_expired"]
+    verdict = checker.check({sleeper.pk, burner.pk, holder.pk})
+    assert verdict.ok and verdict.duplicated == [holder.pk], verdict
+    assert Effect.objects.filter(job_id=holder.pk, pid=rescuer.pid).exists()
+    wait_until(lambda: "lost its lease" in gil_worker.output() or "lease was lost" in gil_worker.output(), 10, "the fence")
+    for process in (worker, gil_worker, rescuer):
+        process.signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0

@@ -1,0 +1,305 @@
+"""The admin in headless Chromium: dead letters (retry, purge), the Queues page, permissions, escaping.
+
+Uses Debian's ``chromium`` and ``chromium-driver`` through Selenium; one browser for the session.
+Set ``DURQ_SCREENSHOT_DIR`` to save the pages shown in the docs (``docs/img``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_durq import ops
+from django_durq.clock import ManualClock, now_ms, use_clock
+from django_durq.models import Job, QueueStat, WorkerProcess
+from django_durq.testing import drain
+from tests.ledger import jobs
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SCRIPT = "<script>alert(1)</script>"
+PASSWORD = "correct horse battery staple"
+WAIT_S = 15  # liveness cap for a page to show what it should
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing.append("the selenium package")
+    if missing:
+        message = f"browser tests need {', '.join(missing)} (Debian: chromium chromium-driver; PyPI: selenium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    profile = tempfile.mkdtemp(prefix="durq-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        "--window-size=1280,860",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def site(browser, live_server, settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    return Site(browser, live_server.url)
+
+
+class Site:
+    def __init__(self, driver: Any, url: str) -> None:
+        self.driver = driver
+        self.url = url
+
+    def login(self, username: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.driver.delete_all_cookies()
+        self.open("/admin/login/?next=/admin/")
+        self.driver.find_element(By.ID, "id_username").send_keys(username)
+        self.driver.find_element(By.ID, "id_password").send_keys(PASSWORD)
+        self.driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        self.wait_for("#user-tools")
+        assert "Log out" in self.driver.page_source
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.url + path)
+
+    def wait_for(self, selector: str) -> Any:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        return WebDriverWait(self.driver, WAIT_S).until(
+            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, selector))
+        )
+
+    def find(self, selector: str) -> list[Any]:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_elements(By.CSS_SELECTOR, selector)
+
+    def click_link(self, text: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.driver.find_element(By.LINK_TEXT, text).click()
+
+    def run_action(self, name: str, ids: list[int]) -> None:
+        from selenium.webdriver.support.ui import Select
+
+        for job_id in ids:
+            self.find(f'input[name="_selected_action"][value="{job_id}"]')[0].click()
+        Select(self.find('select[name="action"]')[0]).select_by_value(name)
+        self.find('button[name="index"]')[0].click()
+
+    def messages(self) -> list[str]:
+        return [element.text for element in self.find("ul.messagelist li")]
+
+    def listed_ids(self) -> list[int]:
+        return [int(element.get_attribute("value")) for element in self.find('input[name="_selected_action"]')]
+
+    def no_alert(self) -> bool:
+        from selenium.common.exceptions import NoAlertPresentException
+
+        try:
+            self.driver.switch_to.alert  # noqa: B018 - raises when no alert is open
+        except NoAlertPresentException:
+            return True
+        return False
+
+    def screenshot(self, name: str, height: int = 860) -> None:
+        """Save the page for the docs, the navigation sidebar folded away, when DURQ_SCREENSHOT_DIR is set."""
+        folder = os.environ.get("DURQ_SCREENSHOT_DIR")
+        if not folder:
+            return
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        toggle = self.find("#main.shifted #toggle-nav-sidebar")
+        if toggle:
+            toggle[0].click()
+        self.driver.set_window_size(1280, height)
+        try:
+            self.driver.save_screenshot(str(Path(folder) / name))
+        finally:
+            self.driver.set_window_size(1280, 860)
+            if toggle:
+                toggle[0].click()
+
+
+def user(username: str, *codenames: str, superuser: bool = False) -> User:
+    if superuser:
+        return User.objects.create_superuser(username, password=PASSWORD)
+    account = User.objects.create_user(username, password=PASSWORD, is_staff=True)
+    account.user_permissions.set(Permission.objects.filter(content_type__app_label="django_durq", codename__in=codenames))
+    return account
+
+
+def dead_letters() -> list[Job]:
+    """Real dead letters: handlers that fail every attempt, run through their retries."""
+    clock = ManualClock(now_ms() - 600_000)
+    with use_clock(clock):
+        queued = [
+            jobs.transcode.enqueue(video_id=8812, preset="4k"),
+            jobs.charge_card.enqueue(invoice_id="INV-2041", amount_cents=129_00),
+            jobs.send_receipt.enqueue(order_id=5531, to="ada@example"),
+            jobs.charge_card.enqueue(invoice_id="INV-2042", amount_cents=49_00),
+            jobs.transcode.enqueue(video_id=8815),
+        ]
+        for _ in range(3):
+            clock.advance(30_000)
+            drain(clock=clock)
+    dead = list(Job.objects.filter(pk__in=[job.pk for job in queued], status="dead").order_by("pk"))
+    assert len(dead) == len(queued)
+    return dead
+
+
+def test_dead_letters_retry_and_purge(site):
+    user("operator", superuser=True)
+    letters = dead_letters()
+    site.login("operator")
+    site.click_link("Dead letters")
+    site.wait_for("#result_list")
+    assert sorted(site.listed_ids()) == [job.pk for job in letters]
+    table = site.find("#result_list")[0].text
+    assert "RuntimeError: ffmpeg exited with status 1" in table and "3 of 3" in table
+    site.screenshot("admin-dead-letters.png")
+
+    retried, purged = letters[0], letters[1]
+    site.run_action("retry_selected", [retried.pk])
+    site.wait_for("ul.messagelist")
+    assert site.messages() == ["Retried 1 job: due now."]
+    assert retried.pk not in site.listed_ids()
+    assert Job.objects.get(pk=retried.pk).status == "waiting"
+
+    site.run_action("purge_selected", [purged.pk])
+    question = site.wait_for("#durq-purge-question")
+    assert "1 dead letter will be deleted for good" in question.text
+    assert Job.objects.filter(pk=purged.pk).exists()
+    site.find("#durq-confirm-purge")[0].click()
+    site.wait_for("ul.messagelist")
+    assert site.messages() == ["Purged 1 dead letter."]
+    assert purged.pk not in site.listed_ids() and not Job.objects.filter(pk=purged.pk).exists()
+
+    # From a job's own page: its errors, then the Retry button.
+    single = letters[2]
+    site.open(f"/admin/django_durq/deadletter/{single.pk}/change/")
+    site.wait_for(".durq-attempts")
+    assert len(site.find(".durq-attempt")) == 3 and "invalid recipient address 'ada@example'" in site.driver.page_source
+    site.find("#durq-retry")[0].click()
+    site.wait_for("ul.messagelist")
+    assert site.messages() == ["Retried 1 job: due now."] and single.pk not in site.listed_ids()
+
+
+def test_a_script_payload_is_shown_as_text(site):
+    user("operator", superuser=True)
+    clock = ManualClock(now_ms())
+    with use_clock(clock):
+        job = jobs.send_receipt.enqueue(order_id=1, to=SCRIPT)
+        for _ in range(3):
+            clock.advance(30_000)
+            drain(clock=clock)
+    site.login("operator")
+    for path in ("/admin/django_durq/deadletter/", f"/admin/django_durq/job/{job.pk}/change/"):
+        site.open(path)
+        site.wait_for("#content")
+        assert SCRIPT in site.find("#content")[0].text, "the payload is visible as text"
+        assert site.no_alert()
+        assert not site.driver.execute_script("return [...document.scripts].some(s => s.text.includes('alert(1)'))")
+
+
+def test_queues_page_shows_counts_workers_and_the_chart(site):
+    user("operator", superuser=True)
+    now = now_ms()
+    minute = now // 60_000 * 60_000
+    rng = random.Random(4)
+    QueueStat.objects.bulk_create(
+        [
+            QueueStat(
+                queue=queue,
+                minute_ms=minute - i * 60_000,
+                finished=rng.randint(18, 42) * scale + (25 if 20 <= i <= 26 else 0),
+                failed=rng.choice([0, 0, 0, 1, 2]) + (9 if 20 <= i <= 23 and queue == "default" else 0),
+            )
+            for queue, scale in (("default", 1), ("fast", 2))
+            for i in range(60)
+        ]
+    )
+    dead_letters()  # first: drain() would run the waiting jobs below too
+    base = {"arguments": json.dumps({"args": [], "kwargs": {}}), "created_ms": now - 300_000, "lease_ms": 60_000}
+    Job.objects.bulk_create(
+        [Job(name="billing.charge_card", queue="default", run_at_ms=now - 1_000 * i, **base) for i in range(1, 13)]
+        + [Job(name="media.transcode", queue="slow", run_at_ms=now - 95_000, **base)]
+        + [Job(name="email.send_receipt", queue="fast", run_at_ms=now + 3_600_000, **base) for _ in range(4)]
+        + [Job(name="media.transcode", queue="slow", status="running", run_at_ms=now - 200_000, **base)]
+    )
+    for number, queues in ((1, {"default": 4, "fast": 2}), (2, {"default": 4, "slow": 1})):
+        WorkerProcess.objects.create(
+            worker_id=f"web-{number}:{4100 + number}:a1b2c{number}",
+            host=f"web-{number}",
+            pid=4100 + number,
+            queues=json.dumps(queues),
+            started_ms=now - 3 * 3_600_000,
+            last_seen_ms=now - 2_000,
+            jobs_done=18_000 + 611 * number,
+        )
+    site.login("operator")
+    site.click_link("Queues")
+    site.wait_for("#durq-queues")
+    rows = {row.get_attribute("data-queue"): row.text for row in site.find("#durq-queues tbody tr")}
+    assert set(rows) >= {"default", "fast", "slow"}
+    assert rows["default"].split()[:5] == ["default", "12", "0", "0", "2"]
+    assert rows["slow"].split()[:5] == ["slow", "1", "0", "1", "2"]
+    assert len(site.find("#durq-throughput rect.durq-finished")) == 60
+    assert len(site.find("#durq-throughput rect.durq-failed")) > 0
+    stats = {row.queue: row for row in ops.stats()}
+    total = sum(row.finished_last_hour for row in stats.values())
+    assert abs(int(site.find("#durq-finished-total")[0].text) - total) <= 200  # the hour window moves on
+    assert "web-1:4101:a1b2c1" in site.find("#durq-workers")[0].text
+    site.screenshot("admin-queues.png", height=1000)
+
+
+def test_without_permission_there_is_nothing_to_act_with(site):
+    user("viewer", "view_job", "view_deadletter")
+    [job, *_] = dead_letters()
+    site.login("viewer")
+    assert not site.find('a[href$="/django_durq/queue/"]'), "no Queues link without its view permission"
+    site.click_link("Dead letters")
+    site.wait_for("#result_list")
+    assert not site.find('select[name="action"]') and not site.find('input[name="_selected_action"]')
+    site.open(f"/admin/django_durq/deadletter/{job.pk}/change/")
+    site.wait_for(".durq-attempts")
+    assert not site.find("#durq-retry") and not site.find("#durq-purge")
+    site.open(f"/admin/django_durq/deadletter/{job.pk}/purge/")
+    assert "403" in site.driver.title or "Forbidden" in site.driver.page_source
+    site.open("/admin/django_durq/queue/")
+    assert "403" in site.driver.title or "Forbidden" in site.driver.page_source
+    assert Job.objects.get(pk=job.pk).status == "dead"
