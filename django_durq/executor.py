@@ -8,7 +8,6 @@ executor that lost its lease changes nothing.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import traceback
@@ -71,16 +70,18 @@ class Executor:
         self.count = count
         # A worker pool batches the deletes of finished jobs (see Pool.flush_completions).
         self.defer_completion = defer_completion
+        self.hooks_enabled = settings.test_hooks_dir is not None
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
-        errors: list[dict[str, Any]] = json.loads(job.errors or "[]")
+        errors = _error_list(job.errors)
         if job.reclaimed_from is not None:
             errors.append(
                 self._entry(job.attempts - 1, Failure("lease_expired", "lease expired: worker lost"), job.reclaimed_from)
             )
             job.errors = json.dumps(errors)
             self.store.retrying("record lost lease", lambda d: d.record_errors(ctx.lease, job.errors))
-        hooks.reach("after_claim", job.id)
+        if self.hooks_enabled:
+            hooks.reach("after_claim", job.id)
 
         definition = registry.get(job.name)
         result: Any = None
@@ -99,7 +100,8 @@ class Executor:
         reason = ctx.stop_reason()
         if failure is None and reason == TIMED_OUT:
             failure = Failure("timeout", f"timed out after {(job.timeout_ms or 0) / 1000:g} s")
-        hooks.reach("before_complete", job.id)
+        if self.hooks_enabled:
+            hooks.reach("before_complete", job.id)
         if reason == LEASE_LOST:
             logger.warning("durq: job %s (%s) lost its lease while running; its outcome is discarded", job.id, job.name)
             return LOST
@@ -114,7 +116,7 @@ class Executor:
 
     def record_failure(self, job: ClaimedJob, ctx: JobContext, failure: Failure) -> str:
         """Fail the attempt from outside the handler's thread (a timeout the handler ignored)."""
-        return self._fail(job, ctx, registry.get(job.name), failure, json.loads(job.errors or "[]"))
+        return self._fail(job, ctx, registry.get(job.name), failure, _error_list(job.errors))
 
     def bury_lost(self, queue: str, lease: tuple[int, int], name: str, attempts: int, errors_text: str, holder: str) -> str:
         """A job whose worker died on its last attempt: a dead letter saying so."""
@@ -132,7 +134,7 @@ class Executor:
         self, definition: JobDefinition, ctx: JobContext, args: list[Any], kwargs: dict[str, Any]
     ) -> tuple[Failure | None, Any]:
         try:
-            if inspect.iscoroutinefunction(definition.func):
+            if definition.is_async:
                 # async_to_sync runs thread-sensitive sync_to_async calls (the ORM) back in this
                 # thread, so the handler's queries use this worker thread's own connection.
                 return None, async_to_sync(definition.func)(ctx, *args, **kwargs)
@@ -180,7 +182,8 @@ class Executor:
     def finished(self, job: ClaimedJob, result: Any) -> None:
         """Count and announce a job whose completion is recorded."""
         self.count(job.queue, FINISHED)
-        job_finished.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
+        if job_finished.receivers:
+            job_finished.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
 
     def _fail(
         self,
@@ -238,6 +241,11 @@ class Executor:
             "message": failure.message[:MAX_MESSAGE_CHARS],
             "traceback": failure.traceback[-MAX_TRACEBACK_CHARS:],
         }
+
+
+def _error_list(text: str) -> list[dict[str, Any]]:
+    # Most jobs have no errors: skip the JSON parse on the hot path.
+    return [] if not text or text == "[]" else list(json.loads(text))
 
 
 def _safe_str(error: BaseException) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -53,6 +54,7 @@ class JobDefinition:
         options: JobOptions | None = None,
     ) -> None:
         self.func = func
+        self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
         self.queue = queue
         self.priority = priority

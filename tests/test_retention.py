@@ -144,3 +144,16 @@ def test_a_worker_keeps_finished_jobs_then_prunes_them(spawn_worker):
     wait_until(lambda: not Job.objects.exists(), timeout=60, message="finished jobs pruned")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
+
+
+@pytest.mark.django_db
+def test_per_minute_counters_older_than_two_days_are_pruned():
+    from django_durq.models import QueueStat
+    from django_durq.worker.duties import StatsRetention
+
+    now = 1_800_000_000_000
+    day = 24 * 3600 * 1000
+    for age_days in (0, 1, 3, 5):
+        QueueStat.objects.create(queue="default", minute_ms=now - age_days * day, finished=1)
+    assert StatsRetention(get_settings()).run_once(now) == {"deleted": 2}
+    assert sorted(now - m for m in QueueStat.objects.values_list("minute_ms", flat=True)) == [0, day]

@@ -13,7 +13,7 @@ from django.db.models import Q
 
 from .. import schedules
 from ..conf import DurqSettings
-from ..models import Job, Status
+from ..models import Job, QueueStat, Status
 from .maintenance import INTERVAL_MS, register_duty
 
 if TYPE_CHECKING:
@@ -94,6 +94,22 @@ class RetentionDuty:
         return deleted
 
 
+class StatsRetention:
+    """Deletes per-minute counters older than the dashboard and the stats ever look (two days)."""
+
+    name = "stats-retention"
+    keep_ms = 2 * 24 * 3600 * 1000
+
+    def __init__(self, settings: DurqSettings) -> None:
+        self.settings = settings
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        stale = QueueStat.objects.using(self.settings.database).filter(minute_ms__lt=now_ms - self.keep_ms)
+        ids = list(stale.order_by("id").values_list("id", flat=True)[:500])
+        deleted, _ = QueueStat.objects.using(self.settings.database).filter(id__in=ids).delete() if ids else (0, {})
+        return {"deleted": deleted}
+
+
 def _cron(runtime: Runtime) -> CronDuty:
     return CronDuty(runtime.settings)
 
@@ -102,5 +118,10 @@ def _retention(runtime: Runtime) -> RetentionDuty:
     return RetentionDuty(runtime.settings)
 
 
+def _stats_retention(runtime: Runtime) -> StatsRetention:
+    return StatsRetention(runtime.settings)
+
+
 register_duty(_cron)
 register_duty(_retention)
+register_duty(_stats_retention)

@@ -52,7 +52,12 @@ class StaleWorkers:
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
-        deleted, _ = WorkerProcess.objects.using(self.runtime.settings.database).filter(last_seen_ms__lt=horizon).delete()
+        workers = WorkerProcess.objects.using(self.runtime.settings.database)
+        # Read first: on SQLite even a DELETE that matches nothing takes the write lock.
+        stale = list(workers.filter(last_seen_ms__lt=horizon).values_list("worker_id", flat=True)[:100])
+        if not stale:
+            return {"removed": 0}
+        deleted, _ = workers.filter(worker_id__in=stale, last_seen_ms__lt=horizon).delete()
         return {"removed": deleted}
 
 
@@ -60,7 +65,19 @@ register_duty(StaleWorkers)
 
 
 def acquire_duty_lease(alias: str, holder: str, now_ms: int, ttl_ms: int, name: str = LEASE_NAME) -> bool:
-    """Take or renew the named lease by compare-and-set; True when ``holder`` holds it now."""
+    """Take or renew the named lease by compare-and-set; True when ``holder`` holds it now.
+
+    It reads before it writes, and renews only past half its time, so that idle workers on
+    SQLite do not take the write lock every second just to learn that someone else holds it.
+    """
+    leases = DutyLease.objects.using(alias)
+    current = leases.filter(name=name).values_list("holder", "expires_ms").first()
+    if current is not None:
+        current_holder, expires_ms = current
+        if current_holder == holder and expires_ms - now_ms > ttl_ms // 2:
+            return True
+        if current_holder != holder and expires_ms >= now_ms:
+            return False
     updated = (
         DutyLease.objects.using(alias)
         .filter(name=name)

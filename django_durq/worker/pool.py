@@ -136,9 +136,9 @@ class Pool:
             self.finished.set()
 
     def _defer_completion(self, job: ClaimedJob, ctx: JobContext, result: Any) -> None:
+        # No kick here: the slot thread kicks once it has freed its slot, a moment later.
         with self._lock:
             self._completions.append((job, result))
-        self.kick.set()
 
     def _take_completions(self) -> list[tuple[ClaimedJob, Any]]:
         with self._lock:
