@@ -69,8 +69,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         for id_, message, hint in sqlite_setup_warnings(connection.settings_dict):
             messages.append(Warning(message, hint=hint, id=id_))
     pool = (connection.settings_dict.get("OPTIONS") or {}).get("pool")
-    # Each pool thread, the monitor and the maintenance runner hold a connection at once.
-    needed = sum(queue.concurrency for queue in settings.queues.values()) + 2
+    # A connection per slot thread and per queue's dispatcher, plus the monitor, the
+    # maintenance runner and the main thread (the wake-up listener opens its own, outside the pool).
+    needed = sum(queue.concurrency + 1 for queue in settings.queues.values()) + 3
     if connection.vendor == "postgresql" and isinstance(pool, dict) and pool.get("max_size", needed) < needed:
         messages.append(
             Error(

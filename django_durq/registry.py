@@ -117,7 +117,11 @@ class JobDefinition:
         return enqueue_one(self, list(args), kwargs)
 
     def enqueue_many(self, items: Iterable[dict[str, Any]]) -> list[Job]:
-        """Queue one run per keyword dict in one round trip (one per item when a dedupe key is set)."""
+        """Queue one run per keyword dict in one INSERT.
+
+        With ``using(unique=...)`` every item shares that one key, so the first is queued and the
+        others return it; to dedupe items separately, enqueue each with its own key.
+        """
         from .enqueue import enqueue_many
 
         return enqueue_many(self, list(items))
@@ -135,7 +139,7 @@ class Registry:
             if (
                 existing is not None
                 and existing.func is not definition.func
-                and getattr(existing.func, "__qualname__", None) != getattr(definition.func, "__qualname__", None)
+                and _origin(existing.func) != _origin(definition.func)
             ):
                 raise ValueError(f"job name {definition.name!r} is already used by {existing.func!r}")
             self._definitions[definition.name] = definition
@@ -162,6 +166,10 @@ class Registry:
         from .conf import DEFAULT_QUEUE
 
         return {d.queue or DEFAULT_QUEUE for d in self._definitions.values()}
+
+
+def _origin(func: Callable[..., Any]) -> tuple[str, str]:
+    return (getattr(func, "__module__", ""), getattr(func, "__qualname__", ""))
 
 
 registry = Registry()

@@ -88,7 +88,8 @@ def test_a_pool_too_small_for_the_worker_is_an_error(settings):
     try:
         connection.settings_dict["OPTIONS"] = {**options, "pool": {"max_size": 3}}
         (error,) = [m for m in run_checks() if m.id == "durq.E020"]
-        assert "max_size 3" in error.msg and "9" in error.msg  # 4 + 2 + 1 pool threads + 2
+        # slots 4 + 2 + 1, a dispatcher per queue (3), the monitor, the maintenance runner, the main thread
+        assert "max_size 3" in error.msg and "holds up to 13 connections" in error.msg
     finally:
         connection.settings_dict["OPTIONS"] = options
 

@@ -546,3 +546,21 @@ def test_importing_the_package_loads_no_model():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "enqueue"
+
+
+def test_one_name_cannot_serve_two_different_functions():
+    def first(ctx):
+        return 1
+
+    def second(ctx):
+        return 2
+
+    second.__module__ = "elsewhere"
+    second.__qualname__ = first.__qualname__
+    job(name="tests.clash")(first)
+    try:
+        with pytest.raises(ValueError, match="already used"):
+            job(name="tests.clash")(second)
+        job(name="tests.clash")(first)  # the same function again (a module re-import) is fine
+    finally:
+        registry.remove("tests.clash")

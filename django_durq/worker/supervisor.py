@@ -80,7 +80,7 @@ class Supervisor:
         self.runtime.request_stop(f"received {signal.Signals(signum).name}")
 
     def _on_quit(self, signum: int, frame: FrameType | None) -> None:
-        os.write(2, b"durq: second interrupt: exiting now; leases of running jobs will expire\n")
+        os.write(2, b"durq: exiting now; leases of running jobs will expire\n")
         os._exit(1)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -103,7 +103,10 @@ class Supervisor:
         for pool in self.pools:
             pool.start()
         self.monitor.start()
-        if not runtime.burst:
+        if runtime.burst:
+            # One maintenance pass, so schedules that are due fire in a burst run too.
+            self.maintenance.run_once(runtime.clock.now_ms())
+        else:
             self.maintenance.start()
         try:
             while not all(pool.finished.is_set() for pool in self.pools):
