@@ -33,3 +33,9 @@ demo: $(VENV)/.ready
 
 clean:
 	rm -rf $(VENV) .tox .demo build dist *.egg-info
+
+# Side-by-side benchmarks against the peers; not part of `make test`. Builds its own virtualenvs
+# under benchmarks/.venvs. Narrow it with BENCH_ARGS="--only drain --systems durq,huey-sqlite".
+.PHONY: bench
+bench:
+	$(PYTHON) -m benchmarks.run --publish $(BENCH_ARGS)

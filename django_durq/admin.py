@@ -149,8 +149,10 @@ class JobAdmin(admin.ModelAdmin):
             fieldsets[1] = ("Payload", {"fields": ["arguments_pretty"]})
         return fieldsets
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions are shown; older versions take the request only.
+        where = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **where)
         actions.pop("delete_selected", None)
         return actions
 
@@ -163,11 +165,13 @@ class JobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        match = Q(unique_key=term)
         digits = term.removeprefix("#")
         if digits.isdigit() and len(digits) < 19:
-            match |= Q(pk=int(digits))
-        return queryset.filter(match), False
+            # Both columns indexed: the id, or the dedupe key of an active job.
+            return queryset.filter(Q(pk=int(digits)) | Q(unique_active=term)), False
+        # The key of any job, dead ones included: one scan, done once rather than per query.
+        found = list(Job.objects.using(get_settings().database).filter(unique_key=term).values_list("pk", flat=True)[:1000])
+        return queryset.filter(pk__in=found), False
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, job: Job) -> str:
@@ -417,7 +421,7 @@ class QueueAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         now = now_ms()
-        rows = ops.stats(now_ms=now)
+        rows = ops.stats(now_ms=now, count_cap=COUNT_CAP)
         workers = [
             {
                 "worker": worker,
@@ -431,12 +435,23 @@ class QueueAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.opts,
-            "rows": [{"stats": row, "oldest": age(row.oldest_wait_ms)} for row in rows],
+            "rows": [
+                {
+                    "stats": row,
+                    "oldest": age(row.oldest_wait_ms),
+                    **{state: _capped(getattr(row, state)) for state in ("waiting", "delayed", "running", "dead")},
+                }
+                for row in rows
+            ],
             "workers": workers,
             "chart": throughput_chart(ops.throughput(now_ms=now)),
             "now": when(now),
         }
         return TemplateResponse(request, "admin/django_durq/queue/dashboard.html", context)
+
+
+def _capped(count: int) -> str:
+    return f"more than {COUNT_CAP:,}" if count > COUNT_CAP else f"{count:,}"
 
 
 def throughput_chart(buckets: list[ops.Bucket]) -> dict[str, Any]:

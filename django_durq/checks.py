@@ -15,6 +15,7 @@
 | durq.E011 | a schedule's time zone is not an IANA time zone             |
 | durq.E012 | a schedule names a job that is not registered               |
 | durq.E013 | a schedule's options are malformed, or it is declared twice |
+| durq.E015 | DURQ["MONITORING"] is malformed (a token shorter than 16 characters) |
 | durq.E020 | the PostgreSQL connection pool is smaller than a worker needs |
 | durq.W001 | SQLite is not in WAL mode                                   |
 | durq.W002 | SQLite transactions are not IMMEDIATE                       |

@@ -34,6 +34,16 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class MonitoringSettings:
+    """Who may read the health and metrics views, and when health answers 503."""
+
+    token: str | None = None
+    public: bool = False
+    max_wait_ms: int = 300_000
+    min_workers: int = 1
+
+
+@dataclass(frozen=True)
 class DurqSettings:
     database: str = "default"
     queues: dict[str, QueueSettings] = field(default_factory=lambda: {DEFAULT_QUEUE: QueueSettings()})
@@ -49,6 +59,7 @@ class DurqSettings:
     timeout_ms: int | None = None
     schedules: dict[str, Any] = field(default_factory=dict)
     test_hooks_dir: str | None = None
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     problems: tuple[Problem, ...] = ()
 
     def queue(self, name: str) -> QueueSettings:
@@ -70,6 +81,7 @@ KNOWN_KEYS = {
     "TIMEOUT",
     "SCHEDULES",
     "TEST_HOOKS_DIR",
+    "MONITORING",
 }
 
 
@@ -161,6 +173,7 @@ def parse(raw: Any) -> DurqSettings:
         p.problem("durq.E006", 'DURQ["SCHEDULES"] must be a dict of name -> schedule', "See docs/cron.md.")
         schedules = {}
     hooks = raw.get("TEST_HOOKS_DIR")
+    monitoring = _parse_monitoring(p, raw.get("MONITORING", {}))
     return DurqSettings(
         database=database,
         queues=queues,
@@ -176,8 +189,45 @@ def parse(raw: Any) -> DurqSettings:
         timeout_ms=timeout_ms,
         schedules=schedules,
         test_hooks_dir=str(hooks) if hooks else None,
+        monitoring=monitoring,
         problems=tuple(p.problems),
     )
+
+
+def _parse_monitoring(p: _Parser, raw: Any) -> MonitoringSettings:
+    default = MonitoringSettings()
+    if not isinstance(raw, dict):
+        p.problem("durq.E015", 'DURQ["MONITORING"] must be a dict', 'Write {"TOKEN": os.environ["DURQ_MONITORING_TOKEN"]}.')
+        return default
+    unknown = set(raw) - {"TOKEN", "PUBLIC", "MAX_WAIT", "MIN_WORKERS"}
+    if unknown:
+        p.problem(
+            "durq.E015", f'DURQ["MONITORING"] has unknown keys {sorted(unknown)}', "Known: TOKEN, PUBLIC, MAX_WAIT, MIN_WORKERS."
+        )
+    token = raw.get("TOKEN")
+    if token is not None and (not isinstance(token, str) or len(token) < 16):
+        p.problem(
+            "durq.E015",
+            'DURQ["MONITORING"]["TOKEN"] must be a string of at least 16 characters',
+            "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+        )
+        token = None
+    public = raw.get("PUBLIC", False)
+    if not isinstance(public, bool):
+        p.problem(
+            "durq.E015",
+            'DURQ["MONITORING"]["PUBLIC"] must be True or False',
+            "Write False unless only a private network reaches it.",
+        )
+        public = False
+    sub = _Parser(raw)
+    max_wait_ms = sub.duration_ms("MAX_WAIT", default.max_wait_ms)
+    min_workers = raw.get("MIN_WORKERS", default.min_workers)
+    if isinstance(min_workers, bool) or not isinstance(min_workers, int) or min_workers < 0:
+        p.problem("durq.E015", f'DURQ["MONITORING"]["MIN_WORKERS"] is {min_workers!r}; expected a whole number >= 0', "Write 1.")
+        min_workers = default.min_workers
+    p.problems.extend(sub.problems)
+    return MonitoringSettings(token=token, public=public, max_wait_ms=max_wait_ms, min_workers=min_workers)
 
 
 def _parse_backoff(p: _Parser, raw: Any) -> Backoff:

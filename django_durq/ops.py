@@ -151,8 +151,12 @@ def worker_queues(worker: WorkerProcess) -> dict[str, int]:
     return {str(name): int(size) for name, size in queues.items()} if isinstance(queues, dict) else {}
 
 
-def stats(*, now_ms: int | None = None, using: str | None = None) -> list[QueueStats]:
-    """One row per queue; every count is an index range scan on ``durq_job``."""
+def stats(*, now_ms: int | None = None, count_cap: int | None = None, using: str | None = None) -> list[QueueStats]:
+    """One row per queue; every count is an index range scan on ``durq_job``.
+
+    With ``count_cap``, a count stops at ``count_cap + 1`` (read: "more than count_cap"), so
+    a page that only needs "a lot" never reads a million index entries.
+    """
     now = _now(now_ms)
     alias = _alias(using)
     sums: dict[tuple[str, str], tuple[int, int]] = {}
@@ -174,18 +178,17 @@ def stats(*, now_ms: int | None = None, using: str | None = None) -> list[QueueS
     result = []
     for queue in queue_names(alias):
         jobs = _jobs(alias).in_queue(queue)
-        oldest = jobs.due(now).aggregate(oldest=Min("run_at_ms"))["oldest"]
         serving = [pools[queue] for pools in workers if queue in pools]
         last_minute = sums.get((queue, "minute"), (0, 0))
         last_hour = sums.get((queue, "hour"), (0, 0))
         result.append(
             QueueStats(
                 queue=queue,
-                waiting=jobs.due(now).count(),
-                delayed=jobs.delayed(now).count(),
-                running=jobs.running().count(),
-                dead=jobs.dead().count(),
-                oldest_wait_ms=max(0, now - oldest) if oldest is not None else None,
+                waiting=_count(jobs.due(now), count_cap),
+                delayed=_count(jobs.delayed(now), count_cap),
+                running=_count(jobs.running(), count_cap),
+                dead=_count(jobs.dead(), count_cap),
+                oldest_wait_ms=_oldest_wait_ms(jobs, now),
                 finished_last_minute=last_minute[0],
                 failed_last_minute=last_minute[1],
                 finished_last_hour=last_hour[0],
@@ -195,6 +198,15 @@ def stats(*, now_ms: int | None = None, using: str | None = None) -> list[QueueS
             )
         )
     return result
+
+
+def _oldest_wait_ms(jobs: JobQuerySet, now: int) -> int | None:
+    oldest = jobs.due(now).aggregate(oldest=Min("run_at_ms"))["oldest"]
+    return None if oldest is None else max(0, now - oldest)
+
+
+def _count(jobs: JobQuerySet, cap: int | None) -> int:
+    return jobs.count() if cap is None else jobs.order_by()[: cap + 1].count()
 
 
 def _overlap(start: int, now: int, window_ms: int) -> float:
@@ -229,13 +241,13 @@ def health(
 ) -> dict[str, Any]:
     """Is the queue healthy: database reachable, enough live workers, no job waiting too long."""
     now = _now(now_ms)
+    alias = _alias(using)
     try:
-        rows = stats(now_ms=now, using=using)
+        workers = len(live_workers(now_ms=now, using=alias))
+        waits = [_oldest_wait_ms(_jobs(alias).in_queue(queue), now) for queue in queue_names(alias)]
     except DatabaseError as error:
         return {"healthy": False, "database": f"unreachable: {type(error).__name__}", "problems": ["database unreachable"]}
-    workers = len(live_workers(now_ms=now, using=using))
-    waits = [row.oldest_wait_ms for row in rows if row.oldest_wait_ms is not None]
-    oldest = max(waits) if waits else None
+    oldest = max((wait for wait in waits if wait is not None), default=None)
     problems = []
     if workers < min_workers:
         problems.append(f"{workers} live worker(s), fewer than {min_workers}")

@@ -3,19 +3,17 @@
 Closed by default. A request gets in when one of these holds:
 
 - the user is logged in with the ``django_durq.view_job`` permission;
-- it sends ``Authorization: Bearer <token>`` matching ``DURQ_MONITORING["TOKEN"]``;
-- ``DURQ_MONITORING["PUBLIC"]`` is True (for an endpoint only a private network reaches).
+- it sends ``Authorization: Bearer <token>`` matching ``DURQ["MONITORING"]["TOKEN"]``;
+- ``DURQ["MONITORING"]["PUBLIC"]`` is True (for an endpoint only a private network reaches).
 
-``DURQ_MONITORING["MAX_WAIT"]`` (seconds, default 300) and ``["MIN_WORKERS"]`` (default 1) set
+``DURQ["MONITORING"]["MAX_WAIT"]`` (seconds, default 300) and ``["MIN_WORKERS"]`` (default 1) set
 when the health check answers 503.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
@@ -23,22 +21,19 @@ from django.views.decorators.http import require_GET
 
 from . import ops
 from .clock import now_ms
-
-
-def _monitoring() -> dict[str, Any]:
-    options = getattr(settings, "DURQ_MONITORING", None) or {}
-    return options if isinstance(options, dict) else {}
+from .conf import get_settings
 
 
 def _authorize(request: HttpRequest) -> None:
-    options = _monitoring()
-    if options.get("PUBLIC") is True:
+    options = get_settings().monitoring
+    if options.public:
         return
-    token = options.get("TOKEN")
+    token = options.token
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), str(token).encode()):
         return
-    if request.user.is_authenticated and request.user.has_perm("django_durq.view_job"):
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.has_perm("django_durq.view_job"):
         return
     raise PermissionDenied
 
@@ -48,12 +43,8 @@ def _authorize(request: HttpRequest) -> None:
 def health(request: HttpRequest) -> HttpResponse:
     """200 when the database answers, enough workers are live and no due job waited too long; else 503."""
     _authorize(request)
-    options = _monitoring()
-    report = ops.health(
-        now_ms=now_ms(),
-        max_wait_ms=round(float(options.get("MAX_WAIT", 300)) * 1000),
-        min_workers=int(options.get("MIN_WORKERS", 1)),
-    )
+    options = get_settings().monitoring
+    report = ops.health(now_ms=now_ms(), max_wait_ms=options.max_wait_ms, min_workers=options.min_workers)
     return JsonResponse(report, status=200 if report["healthy"] else 503)
 
 

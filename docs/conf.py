@@ -31,7 +31,7 @@ html_title = f"django-durq {release}"
 html_static_path = ["_static"]
 pygments_style = "friendly"
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
 
 # The API page imports modules that load models: configure a minimal Django for autodoc.
 from django.conf import settings  # noqa: E402
@@ -65,5 +65,11 @@ def _drop_pending_entries(app: Any, docname: str, source: list[str]) -> None:
         source[0] = source[0].replace(f"{{doc}}`{page}`", f"*{page}*")
 
 
+def _reread_index(app: Any, env: Any, added: set[str], changed: set[str], removed: set[str]) -> list[str]:
+    # Which pending pages exist decides the index's table of contents: read it on every build.
+    return ["index"]
+
+
 def setup(app: Any) -> None:
     app.connect("source-read", _drop_pending_entries)
+    app.connect("env-get-outdated", _reread_index)

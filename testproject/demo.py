@@ -17,12 +17,13 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MANAGE = HERE / "manage.py"
 STATE = Path(os.environ.get("DURQ_DEMO_DIR", ROOT / ".demo"))  # as testproject/settings.py reads it
-MAX_ROUNDS = 8  # a safety net: the workload below needs three
+MAX_ROUNDS = 8  # a safety net: the workload below needs two to four
 ROUND_TIMEOUT_S = 90
 IS_TTY = sys.stdout.isatty()
 BOLD, DIM, RED, GREEN, RESET = ("\x1b[1m", "\x1b[2m", "\x1b[31m", "\x1b[32m", "\x1b[0m") if IS_TTY else ("",) * 5
@@ -50,8 +51,9 @@ def manage(*args: str, capture: bool = False) -> str:
 def queue_workload() -> None:
     from datetime import timedelta
 
-    from django_durq.models import Job
     from media import jobs
+
+    from django_durq.models import Job
 
     heading("Queueing a media pipeline")
     jobs.thumbnail.enqueue_many([{"image_id": image} for image in range(1, 25)])
@@ -81,10 +83,9 @@ def show_schedule() -> None:
 # --- the live display --------------------------------------------------------------------------
 
 
-def describe(job: object) -> str:
-    kwargs = job.kwargs  # type: ignore[attr-defined]
-    text = job.name.removeprefix("media.")  # type: ignore[attr-defined]
-    return f"{text} {' '.join(str(value) for value in kwargs.values())}".strip()
+def describe(job: Any) -> str:
+    """``transcode 2 720p`` for ``media.transcode(video_id=2, quality="720p")``."""
+    return f"{job.name.removeprefix('media.')} {' '.join(str(value) for value in job.kwargs.values())}".strip()
 
 
 def bar(done: int | None, total: int | None, width: int = 20) -> str:
@@ -221,9 +222,9 @@ def demo_superuser() -> str:
 
 
 def show_admin(password: str) -> None:
-    runserver = f"{Path(sys.executable).relative_to(ROOT) if Path(sys.executable).is_relative_to(ROOT) else sys.executable}"
+    python = Path(sys.executable)
     heading("The admin")
-    say(f"  {runserver} {MANAGE.relative_to(ROOT)} runserver")
+    say(f"  {python.relative_to(ROOT) if python.is_relative_to(ROOT) else python} {MANAGE.relative_to(ROOT)} runserver")
     say("  then open http://127.0.0.1:8000/admin/ and log in as")
     say(f"    user {BOLD}demo{RESET}   password {BOLD}{password}{RESET}   (made up for this run)")
     say("  Dead letters: http://127.0.0.1:8000/admin/django_durq/deadletter/")

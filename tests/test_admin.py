@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.db import connection
@@ -13,6 +14,7 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 
+from django_durq import admin as admin_module
 from django_durq.admin import CappedCountPaginator, throughput_chart
 from django_durq.clock import now_ms
 from django_durq.models import Job, QueueStat, WorkerProcess
@@ -91,6 +93,8 @@ def test_job_list_filters_search_and_local_times(superuser):
     assert [job.pk for job in superuser.get(JOBS, {"q": "invoice:42"}).context["cl"].result_list] == [dead.pk]
     assert [job.pk for job in superuser.get(JOBS, {"q": f"#{waiting.pk}"}).context["cl"].result_list] == [waiting.pk]
     assert not superuser.get(JOBS, {"q": "nothing-like-it"}).context["cl"].result_list
+    numeric = make_job("waiting", unique_key="2024")
+    assert [job.pk for job in superuser.get(JOBS, {"q": "2024"}).context["cl"].result_list] == [numeric.pk]
 
 
 def test_job_list_never_counts_the_whole_table(superuser, monkeypatch):
@@ -267,6 +271,14 @@ def test_queues_page_counts_workers_and_chart(superuser):
     assert "<script" not in page.split('<div id="content-main">')[1], "the page needs no script"
 
 
+def test_queues_page_counts_stop_at_the_cap(superuser, monkeypatch):
+    monkeypatch.setattr(admin_module, "COUNT_CAP", 2)
+    for _ in range(3):
+        dead_letter(queue="slow")
+    page = text(superuser.get(QUEUES))
+    assert "more than 2" in page
+
+
 def test_chart_geometry_and_age():
     buckets = [Bucket(60_000 * i, finished=i, failed=1 if i == 59 else 0) for i in range(60)]
     chart = throughput_chart(buckets)
@@ -296,8 +308,8 @@ def test_monitoring_views_are_closed_by_default():
 
 def test_health_and_metrics_with_a_token():
     now = now_ms()
-    bearer = {"HTTP_AUTHORIZATION": "Bearer s3cret"}
-    with override_settings(DURQ_MONITORING={"TOKEN": "s3cret", "MAX_WAIT": 60}):
+    bearer = {"HTTP_AUTHORIZATION": "Bearer s3cret-s3cret-s3cret"}
+    with override_settings(DURQ={**settings.DURQ, "MONITORING": {"TOKEN": "s3cret-s3cret-s3cret", "MAX_WAIT": 60}}):
         assert Client().get("/durq/health/", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
         unhealthy = Client().get("/durq/health/", **bearer)
         assert unhealthy.status_code == 503 and unhealthy.json()["problems"] == ["0 live worker(s), fewer than 1"]
@@ -313,5 +325,5 @@ def test_health_and_metrics_with_a_token():
     assert 'durq_jobs{queue="we\\"ird",state="waiting"} 1' in text
     assert 'durq_workers{queue="default"} 1' in text
     assert re.search(r'durq_oldest_waiting_seconds\{queue="we\\"ird"\} 1[12]\d', text)
-    with override_settings(DURQ_MONITORING={"PUBLIC": True}):
+    with override_settings(DURQ={**settings.DURQ, "MONITORING": {"PUBLIC": True}}):
         assert Client().get("/durq/metrics/").status_code == 200

@@ -168,11 +168,11 @@ def dead_letters() -> list[Job]:
     clock = ManualClock(now_ms() - 600_000)
     with use_clock(clock):
         queued = [
-            jobs.transcode.enqueue(video_id=8812, preset="4k"),
+            jobs.encode_video.enqueue(video_id=8812, preset="4k"),
             jobs.charge_card.enqueue(invoice_id="INV-2041", amount_cents=129_00),
             jobs.send_receipt.enqueue(order_id=5531, to="ada@example"),
             jobs.charge_card.enqueue(invoice_id="INV-2042", amount_cents=49_00),
-            jobs.transcode.enqueue(video_id=8815),
+            jobs.encode_video.enqueue(video_id=8815),
         ]
         for _ in range(3):
             clock.advance(30_000)
@@ -257,9 +257,9 @@ def test_queues_page_shows_counts_workers_and_the_chart(site):
     base = {"arguments": json.dumps({"args": [], "kwargs": {}}), "created_ms": now - 300_000, "lease_ms": 60_000}
     Job.objects.bulk_create(
         [Job(name="billing.charge_card", queue="default", run_at_ms=now - 1_000 * i, **base) for i in range(1, 13)]
-        + [Job(name="media.transcode", queue="slow", run_at_ms=now - 95_000, **base)]
+        + [Job(name="video.encode", queue="slow", run_at_ms=now - 95_000, **base)]
         + [Job(name="email.send_receipt", queue="fast", run_at_ms=now + 3_600_000, **base) for _ in range(4)]
-        + [Job(name="media.transcode", queue="slow", status="running", run_at_ms=now - 200_000, **base)]
+        + [Job(name="video.encode", queue="slow", status="running", run_at_ms=now - 200_000, **base)]
     )
     for number, queues in ((1, {"default": 4, "fast": 2}), (2, {"default": 4, "slow": 1})):
         WorkerProcess.objects.create(

@@ -116,3 +116,11 @@ def test_clock_skew_against_the_database_is_warned_about(caplog):
     with caplog.at_level(logging.WARNING, logger="django_durq"):
         Supervisor({"default": 1}, get_settings())._warn_about_clock_skew()
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize(
+    "monitoring",
+    [[], {"TOKEN": "short"}, {"PUBLIC": "yes"}, {"MIN_WORKERS": -1}, {"MAX_WAIT": "5m"}, {"SECRET": "x"}],
+)
+def test_bad_monitoring_settings(monitoring):
+    assert ids({"MONITORING": monitoring}) in (["durq.E015"], ["durq.E002"])

@@ -11,6 +11,8 @@ How a sample is treated depends on its fence and its first line (``docs/README.m
   - ``# app/module.py`` first: that module's code, importable as ``app.module`` by the page's
     later samples; a later block with the same first line continues the same module. Handlers it
     registers are removed after the page.
+  - ``# urls.py`` first: a URLconf fragment, run with ``urlpatterns = []``; what it adds must be
+    URL patterns.
   - ``# before: …`` first: another library's code shown for comparison; it is only compiled.
 - Every other block (``console``, ``ini``, ``yaml``, ``text``, …): each ``manage.py COMMAND …``
   in it is parsed by that command's own argument parser; each ``$ pip install`` must name this
@@ -147,6 +149,18 @@ def run_settings(block: Block) -> dict[str, Any]:
     return namespace
 
 
+def run_urls(block: Block) -> None:
+    """A URLconf fragment: ``urlpatterns += [...]`` onto an empty list; every entry must be a URL pattern."""
+    from django.urls import URLPattern, URLResolver
+
+    namespace: dict[str, Any] = {"__name__": "urls", "urlpatterns": []}
+    exec(block.compiled(), namespace)
+    for pattern in namespace["urlpatterns"]:
+        assert isinstance(pattern, URLPattern | URLResolver), f"{block.where}: {pattern!r} is not a URL pattern"
+        if isinstance(pattern, URLResolver):
+            assert pattern.url_patterns, f"{block.where}: {pattern!r} includes nothing"
+
+
 class PageRun:
     """One page's samples: a shared namespace, the modules it defines, and clean-up afterwards."""
 
@@ -164,6 +178,8 @@ class PageRun:
             block.compiled()
         elif header == "# settings.py":
             run_settings(block)
+        elif header == "# urls.py":
+            run_urls(block)
         elif re.fullmatch(r"# [a-z_][a-z0-9_]*(/[a-z_][a-z0-9_]*)*\.py", header):
             self.run_module(block, header[2:-3].replace("/", "."))
         else:
@@ -237,8 +253,8 @@ def manage_py_invocations(code: str) -> Iterator[list[str]]:
     for line in code.split("\n"):
         if "manage.py" not in line or line.lstrip().startswith("#"):
             continue
-        listed = re.search(r"\[(.*)\]", line)
-        tokens = json.loads(f"[{listed.group(1)}]") if listed else shlex.split(line[line.index("manage.py") :])
+        listed = re.search(r'\[\s*(".*")\s*\]', line)  # ["python", "manage.py", …] in YAML or JSON
+        tokens = json.loads(f"[{listed.group(1)}]") if listed else shlex.split(line[line.index("manage.py") :], comments=True)
         yield [str(token) for token in tokens[tokens.index("manage.py") + 1 :]]
 
 
@@ -266,7 +282,7 @@ def optional_extras() -> set[str]:
 
 
 def check_prompt(line: str, where: str) -> None:
-    tokens = shlex.split(line[2:])
+    tokens = shlex.split(line[2:], comments=True)
     if not tokens:
         return
     if tokens[:2] == ["pip", "install"]:

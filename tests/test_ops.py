@@ -283,6 +283,8 @@ def test_stats_per_queue():
     assert (fast.waiting, fast.running, fast.dead, fast.oldest_wait_ms, fast.finished_last_hour) == (0, 1, 3, None, 3)
     assert (rows["slow"].workers, rows["misc"].dead) == (0, 1)
     assert rows["default"].as_dict()["queue"] == "default"
+    capped = {row.queue: row for row in ops.stats(now_ms=NOW, count_cap=2)}
+    assert (capped["default"].waiting, capped["fast"].dead, capped["misc"].dead) == (2, 3, 1), "stops at cap + 1"
 
 
 def test_throughput_buckets_cover_the_last_hour():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,3 +214,14 @@ def test_a_missing_driver_gives_djangos_own_error(installed: Path, tmp_path: Pat
     final = done.stderr[done.stderr.rindex("\nTraceback") if "\nTraceback" in done.stderr else 0 :]
     assert f"django.core.exceptions.ImproperlyConfigured: {django_says}" in final, done.stderr
     assert "Durq" not in final.strip().splitlines()[-1], done.stderr
+
+
+def test_the_demo_runs(tmp_path: Path) -> None:
+    """`make demo`, the README's first command, runs its pipeline to the end (in a scratch directory)."""
+    env = clean_env(DURQ_DEMO_DIR=str(tmp_path), PATH=os.environ["PATH"])
+    output = run([sys.executable, ROOT / "testproject" / "demo.py"], cwd=ROOT, env=env, timeout=180)
+    assert "rebuild_feed x3 with unique='feed:home': 1 job, 2 enqueues deduplicated" in output, output
+    assert "media.scan_upload) attempt 3/3 failed" in output and "-> dead letter" in output, output
+    assert "QUEUE" in output and "WAITING" in output, output  # the stats table
+    assert re.search(r"user demo\s+password \S{16}", output), output
+    assert "Demo finished" in output, output

@@ -220,8 +220,8 @@ elif os.environ.get("DURQ_TEST_CRON") == "bad":
 
 
 # Handlers with everyday names and failures: the admin's browser tests and its screenshots use them.
-@job(name="media.transcode", queue="slow", max_attempts=3)
-def transcode(ctx, video_id, preset="1080p"):
+@job(name="video.encode", queue="slow", max_attempts=3)
+def encode_video(ctx, video_id, preset="1080p"):
     raise RuntimeError(f"ffmpeg exited with status 1 for video {video_id} ({preset}): moov atom not found")
 
 
