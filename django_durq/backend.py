@@ -150,7 +150,9 @@ def durq_options(
                 f"durq_options() needs a task of a DurqBackend (got {type(task).__name__}); "
                 "put it above @task, and point the task's backend at django_durq.backend.DurqBackend"
             )
-        return task.using(max_attempts=max_attempts, unique=unique, lease=lease, timeout=timeout)
+        configured = task.using(max_attempts=max_attempts, unique=unique, lease=lease, timeout=timeout)
+        tasks_bridge.register(configured, replace=True)
+        return configured
 
     return apply
 

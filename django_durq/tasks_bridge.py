@@ -24,7 +24,6 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.dispatch import receiver
 from django.utils.module_loading import autodiscover_modules, import_string
 
 from .conf import get_settings
@@ -44,26 +43,34 @@ _lock = threading.Lock()
 _running = threading.local()  # (job id, running TaskResult) of the task this thread runs
 
 
-def register(task: Any) -> None:
-    """Let workers run ``task`` under its module path; ValueError when a ``@job`` owns that name."""
+def register(task: Any, *, replace: bool = False) -> None:
+    """Let workers run ``task`` under its module path; ValueError when a ``@job`` owns that name.
+
+    The job definition takes the task's queue, priority and durq options as its defaults, for
+    jobs queued by name (a cron schedule). A ``using()`` copy of a registered task changes
+    nothing; ``replace`` makes ``task`` the registered one (``durq_options`` does).
+    """
     name = task.module_path
     with _lock:
         current = _tasks.get(name)
-        if current is not None and current.func is task.func and registry.get(name) is not None:
-            return  # the same function again (a using() copy): keep the first Task
+        if current is not None and current.func is task.func and registry.get(name) is not None and not replace:
+            return
         definition = JobDefinition(
             run_task,
             name=name,
-            queue=None,
-            priority=0,
-            max_attempts=None,
-            lease=None,
-            timeout=None,
+            queue=task.queue_name,
+            priority=task.priority,
+            max_attempts=getattr(task, "max_attempts", None),
+            lease=getattr(task, "lease", None),
+            timeout=getattr(task, "timeout", None),
             backoff=None,
             cron=None,
         )
         registry.add(definition)
         _tasks[name] = task
+    # Connected with the first task only: without tasks, finishing a job sends no signal at all.
+    job_finished.connect(_on_job_finished, dispatch_uid="django_durq.tasks_bridge.job_finished")
+    job_dead.connect(_on_job_dead, dispatch_uid="django_durq.tasks_bridge.job_dead")
 
 
 def task_named(name: str) -> Any | None:
@@ -91,42 +98,44 @@ def run_task(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
     return normalize_json(task.call(*leading, *args, **kwargs))
 
 
-@receiver(job_finished, dispatch_uid="django_durq.tasks_bridge.job_finished")
 def _on_job_finished(sender: Any, *, job_id: int, name: str, result: Any = None, **kwargs: Any) -> None:
     task = _tasks.get(name)
     if task is None:
         return
-    from .backend import finished_result, result_for_job
-
     current = getattr(_running, "current", None)
     _running.current = None
-    row = _row(job_id)
-    if row is not None and row.status == "finished":
-        task_result = result_for_job(row, task, task.backend)
-    elif current is not None and current[0] == job_id:
-        task_result = finished_result(current[1], result)  # not kept (KEEP_FINISHED = 0)
-    else:  # pragma: no cover - the executor runs the handler and this receiver in one thread
-        return
-    _send_finished(task, task_result)
+    running = current[1] if current is not None and current[0] == job_id else None
+    _send_finished(task, job_id, running, result)
 
 
-@receiver(job_dead, dispatch_uid="django_durq.tasks_bridge.job_dead")
 def _on_job_dead(sender: Any, *, job_id: int, name: str, **kwargs: Any) -> None:
     task = _tasks.get(name)
-    if task is None:
+    if task is not None:
+        _send_finished(task, job_id, None, None)
+
+
+def _send_finished(task: Any, job_id: int, running: Any, return_value: Any) -> None:
+    """Send ``task_finished`` with the stored result, or, for a successful task whose job is not
+    kept, with the running result turned successful.
+
+    The outcome is already recorded when this runs, so nothing here may fail the worker: an
+    error, in a receiver or in reading the row, is logged.
+    """
+    from .backend import finished_result, result_for_job, task_finished
+
+    try:
+        row = _row(job_id)
+        if row is not None and row.status != "running":
+            task_result = result_for_job(row, task, task.backend)
+        elif running is not None:
+            task_result = finished_result(running, return_value)
+        else:
+            return
+        responses = task_finished.send_robust(sender=_sender(task), task_result=task_result)
+    except Exception:
+        logger.exception("durq: could not send task_finished for job %s", job_id)
         return
-    from .backend import result_for_job
-
-    row = _row(job_id)
-    if row is not None:
-        _send_finished(task, result_for_job(row, task, task.backend))
-
-
-def _send_finished(task: Any, task_result: Any) -> None:
-    # The outcome is already recorded: a receiver that raises cannot change it, so it is logged.
-    from .backend import task_finished
-
-    for handler, response in task_finished.send_robust(sender=_sender(task), task_result=task_result):
+    for handler, response in responses:
         if isinstance(response, Exception):
             logger.error("durq: task_finished receiver %r raised", handler, exc_info=response)
 

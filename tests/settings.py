@@ -114,7 +114,10 @@ if os.environ.get("DURQ_TEST_KEEP_FINISHED"):
     DURQ["KEEP_FINISHED"] = float(os.environ["DURQ_TEST_KEEP_FINISHED"])
 
 # Django's tasks framework (Django >= 6.0, or the django-tasks backport on 5.2) runs on durq.
-if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+BUILT_IN_TASKS = importlib.util.find_spec("django.tasks") is not None
+if BUILT_IN_TASKS or importlib.util.find_spec("django_tasks"):
+    if not BUILT_IN_TASKS:
+        INSTALLED_APPS.append("django_tasks")  # the backport is an app: its checks and signals
     TASKS = {"default": {"BACKEND": "django_durq.backend.DurqBackend", "QUEUES": ["default", "fast", "slow"]}}
     # The suite keeps no finished jobs unless asked (DURQ_TEST_KEEP_FINISHED); tests that read
     # results turn retention on themselves.

@@ -7,6 +7,9 @@ the django-tasks backport).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -34,7 +37,7 @@ from django_durq.clock import ManualClock, ms_to_datetime, use_clock
 from django_durq.models import Job
 from django_durq.registry import registry
 from django_durq.testing import drain
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 from tests.ledger import jobs, tasks
 from tests.ledger.models import Effect, Order
 
@@ -97,6 +100,19 @@ def plain():
 
 def clash():
     return 2
+
+
+def test_building_the_backend_loads_no_model():
+    # Django builds the backend when a module defines a task, possibly before apps are ready (here
+    # django.setup() never runs, so importing any model would raise AppRegistryNotReady).
+    code = (
+        "import sys; from django.conf import settings; settings.TASKS; "
+        f"from {FRAMEWORK} import task_backends; backend = task_backends['default']; "
+        "assert type(backend).__name__ == 'DurqBackend', backend; "
+        "assert 'django_durq.models' not in sys.modules"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=60)
 
 
 # --- enqueue and the READY result -------------------------------------------------------------
@@ -319,6 +335,35 @@ def test_signals_follow_the_stored_state(clock, keep_results, signal_log):
     assert signal_log[-1][4].id == failing.id and len(signal_log[-1][4].errors) == 2
 
 
+def test_a_failing_task_finished_receiver_is_logged_and_changes_nothing(clock, keep_results, caplog):
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    task_finished.connect(broken)
+    try:
+        result = tasks.add.enqueue(2, 3)
+        assert drain(clock=clock) == {"finished": 1}
+    finally:
+        task_finished.disconnect(broken)
+    result.refresh()
+    assert (result.status, result.return_value) == (SUCCESSFUL, 5)
+    assert "task_finished receiver" in caplog.text and "receiver bug" in caplog.text
+
+
+def test_a_failing_task_started_receiver_fails_the_attempt(clock, keep_results):
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    task_started.connect(broken)
+    try:
+        result = tasks.add.using(max_attempts=1).enqueue(2, 3)
+        assert drain(clock=clock) == {"dead": 1}
+    finally:
+        task_started.disconnect(broken)
+    result.refresh()
+    assert result.status == FAILED and "receiver bug" in result.errors[0].traceback
+
+
 # --- what is refused --------------------------------------------------------------------------
 
 
@@ -505,3 +550,11 @@ def test_a_cron_schedule_can_name_a_task(clock, settings):
     (job_row,) = Job.objects.all()
     drain(clock=clock)
     assert tasks.add.get_result(str(job_row.pk)).return_value == 3
+
+
+def test_a_task_queued_by_name_takes_its_declared_queue_priority_and_options(clock, settings):
+    from django_durq import enqueue
+
+    job_row = enqueue("tests.ledger.tasks.fast_add", 1, 2)
+    assert (job_row.queue, job_row.priority, job_row.max_attempts) == ("fast", 7, 4)
+    assert tasks.fast_add.get_result(str(job_row.pk)).status == READY

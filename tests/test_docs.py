@@ -235,7 +235,6 @@ def sample_pages() -> Iterator[Any]:
 
 @pytest.mark.parametrize("page", list(sample_pages()))
 def test_python_samples_run(page: Path, settings: Any) -> None:
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     run = PageRun(page)
     try:
         for block in blocks(page):

@@ -33,6 +33,12 @@ def fail(message="boom"):
     raise ValueError(message)
 
 
+@durq_options(max_attempts=4)
+@task(queue_name="fast", priority=7)
+def fast_add(a, b):
+    return a + b
+
+
 @task(takes_context=True)
 def flaky(context, succeed_on=2):
     if context.attempt < succeed_on:
