@@ -37,12 +37,12 @@ def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, An
     job = _build(definition, args, kwargs)
     alias = get_settings().database
     if job.unique_key is None:
-        job.save(using=alias, force_insert=True)
+        _insert(job, alias)
     else:
         job = _insert_unique(job, alias)
         if job.deduplicated:
             return job
-    _wake_on_commit(alias, [job.queue])
+    transaction.on_commit(lambda: wakeup.notify([job.queue]), using=alias)
     return job
 
 
@@ -127,7 +127,7 @@ def _insert_unique(job: Job, alias: str) -> Job:
     for _ in range(10):
         try:
             with transaction.atomic(using=alias):
-                job.save(using=alias, force_insert=True)
+                _insert(job, alias)
             return job
         except IntegrityError:
             job.pk = None
@@ -139,6 +139,35 @@ def _insert_unique(job: Job, alias: str) -> Job:
                 return existing
             # The holder of the key finished between our insert and our look-up: try again.
     raise IntegrityError(f"could not enqueue with unique key {job.unique_key!r}: it keeps changing hands")
+
+
+# Columns an enqueue writes; the others are NULL or computed (unique_active).
+_INSERTED = (
+    "name",
+    "queue",
+    "priority",
+    "status",
+    "arguments",
+    "attempts",
+    "max_attempts",
+    "run_at_ms",
+    "created_ms",
+    "lease_ms",
+    "timeout_ms",
+    "unique_key",
+    "claim_token",
+    "claimed_by",
+    "stop_requested",
+    "errors",
+)
+
+
+def _insert(job: Job, alias: str) -> None:
+    """Insert ``job`` (and, on PostgreSQL, its wake-up NOTIFY) in one statement; sets its id."""
+    dialect = dialect_for(connections[alias])
+    job.pk = dialect.insert_job({column: getattr(job, column) for column in _INSERTED}, notify=dialect.supports_notify)
+    job._state.adding = False
+    job._state.db = alias
 
 
 def _wake_on_commit(alias: str, queues: Sequence[str]) -> None:
