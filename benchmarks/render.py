@@ -2,6 +2,7 @@
 
     python -m benchmarks.render benchmarks/results/latest.jsonl    # docs + charts (needs matplotlib)
     python -m benchmarks.render --text benchmarks/results/x.jsonl  # the text summary only
+    python -m benchmarks.render benchmarks/results/latest.jsonl --merge benchmarks/results/y.jsonl
 
 Every figure is the median over repeats with the min-max range; ratios compare medians of
 django-durq and a peer on the same database, measured in the same run.
@@ -128,10 +129,24 @@ def _durq_median(lines: list[Line], workload: str, database: str, metric: str, *
     return None
 
 
+def versus_durq(lines: list[Line], first: Line, group: list[Line], workload: str, metric: str, **params: Any) -> str:
+    """durq's median over the peer's on the same database; a queue outside any database against durq on each."""
+    if first["system"] == "durq":
+        return ""
+    peer = median(group, metric)
+    if first["database"] in DB_ORDER[:3]:
+        return ratio(_durq_median(lines, workload, first["database"], metric, **params), peer)
+    parts = []
+    for database in DB_ORDER[:3]:
+        durq = _durq_median(lines, workload, database, metric, **params)
+        if durq:
+            parts.append(f"{ratio(durq, peer)} ({DB_LABEL[database]})")
+    return ", ".join(parts) or "-"
+
+
 def drain_table(lines: list[Line], concurrency: int) -> str:
     rows = []
     for first, group in groups(lines, "drain", concurrency=concurrency):
-        durq = _durq_median(lines, "drain", first["database"], "jobs_per_s", concurrency=concurrency)
         rows.append(
             [
                 first["label"],
@@ -140,7 +155,7 @@ def drain_table(lines: list[Line], concurrency: int) -> str:
                 cell(group, "wall_s", 2),
                 cell(group, "cpu_ms_per_job", 3),
                 cell(group, "peak_rss_mb", 0),
-                ratio(durq, median(group, "jobs_per_s")) if first["system"] != "durq" else "",
+                versus_durq(lines, first, group, "drain", "jobs_per_s", concurrency=concurrency),
                 load_text(group),
             ]
         )
@@ -152,14 +167,13 @@ def enqueue_table(lines: list[Line]) -> str:
     rows = []
     for mode in ("single", "bulk"):
         for first, group in groups(lines, "enqueue", mode=mode):
-            durq = _durq_median(lines, "enqueue", first["database"], "jobs_per_s", mode=mode)
             rows.append(
                 [
                     first["label"],
                     DB_LABEL.get(first["database"], first["database"]),
                     mode,
                     cell(group, "jobs_per_s"),
-                    ratio(durq, median(group, "jobs_per_s")) if first["system"] != "durq" else "",
+                    versus_durq(lines, first, group, "enqueue", "jobs_per_s", mode=mode),
                     str(group[0]["metrics"].get("method", "")),
                 ]
             )
@@ -195,10 +209,12 @@ def memory_table(lines: list[Line]) -> str:
                 cell(group, "rss_end_mb", 1),
                 cell(group, "rss_growth_percent", 1, "%"),
                 cell(group, "peak_rss_mb", 1),
+                cell(group, "peak_pss_mb", 1),
                 cell(group, "peak_process_rss_mb", 1),
             ]
         )
-    header = ["system", "database", "processes", "RSS after 1k MB", "RSS at end MB", "growth", "peak MB", "largest process MB"]
+    header = ["system", "database", "processes", "RSS after 1k MB", "RSS at end MB", "growth", "peak RSS MB",
+              "peak PSS MB", "largest process MB"]  # fmt: skip
     return table(header, rows)
 
 
@@ -240,7 +256,9 @@ def scale_table(lines: list[Line]) -> str:
             rows.append(
                 [
                     DB_LABEL.get(first["database"], first["database"]),
-                    f"{variant} ({first['params'].get('rows', 0):,} rows)",
+                    "empty (admin: 1,000 rows)"
+                    if variant == "empty"
+                    else f"{first['params'].get('rows', 0):,} done + 10% delayed",
                     cell(group, "claim_ms", 2),
                     cell(group, "complete_ms", 2),
                     cell(group, "probe_ms", 2),
@@ -291,8 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.render")
     parser.add_argument("results", type=Path)
     parser.add_argument("--text", action="store_true", help="print the summary; write nothing")
+    parser.add_argument("--merge", type=Path, action="append", default=[], help="merge this results file in first")
     args = parser.parse_args(argv)
     lines = load(args.results)
+    for extra in args.merge:
+        lines = merge(lines, load(extra))
+    if args.merge:
+        dump(lines, args.results)
     if args.text:
         print(text_summary(lines))
         return 0

@@ -133,9 +133,7 @@ def _render_docs(session: Session, latest: Path) -> None:
     except envs.EnvError as error:
         session.say(f"[publish] charts skipped: {error}")
         python = Path(sys.executable)
-    done = subprocess.run(
-        [str(python), "-m", "benchmarks.render", str(latest)], cwd=envs.REPO, capture_output=True, text=True
-    )
+    done = subprocess.run([str(python), "-m", "benchmarks.render", str(latest)], cwd=envs.REPO, capture_output=True, text=True)
     session.say(done.stdout.strip() or done.stderr.strip()[-2000:])
 
 

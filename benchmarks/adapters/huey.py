@@ -8,9 +8,7 @@ from .base import Adapter
 class Huey(Adapter):
     def worker_commands(self, python: Path, concurrency: int) -> list[list[str]]:
         # --quiet: no INFO line per task, as with every other system here.
-        return [
-            [str(python), "-m", "django", "run_huey", "--workers", str(concurrency), "--worker-type", "thread", "--quiet"]
-        ]
+        return [[str(python), "-m", "django", "run_huey", "--workers", str(concurrency), "--worker-type", "thread", "--quiet"]]
 
     def concurrency_model(self, concurrency: int) -> str:
         return f"1 process, {concurrency} threads"

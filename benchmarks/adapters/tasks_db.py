@@ -8,7 +8,8 @@ from .base import Adapter
 class TasksDB(Adapter):
     def worker_commands(self, python: Path, concurrency: int) -> list[list[str]]:
         # db_worker runs one task at a time: concurrency is one process per slot.
-        return [[str(python), "-m", "django", "db_worker"] for _ in range(concurrency)]
+        # --verbosity 0: no INFO line per task, as with every other system here.
+        return [[str(python), "-m", "django", "db_worker", "--verbosity", "0"] for _ in range(concurrency)]
 
     def concurrency_model(self, concurrency: int) -> str:
         return f"{concurrency} process{'es' if concurrency > 1 else ''}"

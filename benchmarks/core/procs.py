@@ -66,12 +66,25 @@ def rss_mb(pid: int) -> float:
         return 0.0
 
 
+def pss_mb(pid: int) -> float:
+    """Proportional set size: shared pages (a forked pool's) split between the processes sharing them."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for row in handle:
+                if row.startswith("Pss:"):
+                    return int(row.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 @dataclass
 class Sample:
     t: float
     rss_mb: float
     processes: int
     max_process_mb: float
+    pss_mb: float = 0.0
 
 
 @dataclass
@@ -116,7 +129,8 @@ class Group:
                     members = self.members()
                     last_scan = now
                 sizes = [rss_mb(pid) for pid in members]
-                self.samples.append(Sample(now, sum(sizes), len(sizes), max(sizes, default=0.0)))
+                pss = sum(pss_mb(pid) for pid in members)
+                self.samples.append(Sample(now, sum(sizes), len(sizes), max(sizes, default=0.0), pss))
                 for pid in members:
                     self._cpu_seen[pid] = max(self._cpu_seen.get(pid, 0.0), cpu_seconds(pid))
 
@@ -130,6 +144,9 @@ class Group:
 
     def peak_rss_mb(self) -> float:
         return max((sample.rss_mb for sample in self.samples), default=0.0)
+
+    def peak_pss_mb(self) -> float:
+        return max((sample.pss_mb for sample in self.samples), default=0.0)
 
     def peak_process_mb(self) -> float:
         return max((sample.max_process_mb for sample in self.samples), default=0.0)
@@ -180,9 +197,7 @@ def start_group(commands: Sequence[Sequence[str]], env: dict[str, str], cwd: Pat
         log = log_dir / f"{tag}-{index}.log"
         with log.open("wb") as sink:
             popens.append(
-                subprocess.Popen(
-                    list(command), cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-                )
+                subprocess.Popen(list(command), cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
             )
         logs.append(log)
     return Group(popens=popens, started=started, logs=logs)

@@ -51,7 +51,7 @@ def drain_once(
         group = session.start_workers(adapter, db, concurrency, tick_file)
         group.start_sampling(sample_interval_s)
         try:
-            finished = ticks.wait_for(tick_file, jobs, timeout_s=60 + jobs / 200, alive=group.alive)
+            finished = ticks.wait_for(tick_file, jobs, timeout_s=120 + jobs / 20, alive=group.alive)
             cpu = group.cpu_seconds()
         finally:
             group.stop_sampling()
@@ -80,6 +80,7 @@ def summarize(tick_file: Any, jobs: int, group: procs.Group, cpu: float) -> dict
         "cpu_s": cpu,
         "cpu_ms_per_job": cpu * 1000 / max(len(records), 1),
         "peak_rss_mb": group.peak_rss_mb(),
+        "peak_pss_mb": group.peak_pss_mb(),
         "peak_process_rss_mb": group.peak_process_mb(),
         "processes": max((sample.processes for sample in group.samples), default=0),
     }
@@ -93,7 +94,7 @@ def summarize(tick_file: Any, jobs: int, group: procs.Group, cpu: float) -> dict
 
 
 def rss_series(group: procs.Group, tick_file: Any, points: int) -> list[list[float]]:
-    """[seconds since launch, jobs done, RSS MB] at up to ``points`` samples."""
+    """[seconds since launch, jobs done, RSS MB, PSS MB] at up to ``points`` samples."""
     starts = sorted(t for _, t in ticks.read(tick_file))
     samples = group.samples
     step = max(1, len(samples) // points)
@@ -102,7 +103,7 @@ def rss_series(group: procs.Group, tick_file: Any, points: int) -> list[list[flo
     for sample in samples[::step]:
         while done < len(starts) and starts[done] <= sample.t:
             done += 1
-        series.append([round(sample.t - group.started, 3), done, round(sample.rss_mb, 2)])
+        series.append([round(sample.t - group.started, 3), done, round(sample.rss_mb, 2), round(sample.pss_mb, 2)])
     return series
 
 

@@ -31,8 +31,10 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("complete + claim (one transaction)", ("complete_and_claim",)),
     ("claim", ("claim (django_durq/db/", "claim (django_durq/store.py")),
     ("idle probe / expired scan", ("next_due_ms", "_bury_expired", "expired_final_attempts")),
-    ("completion write", ("complete (django_durq/db/", "_finish (django_durq/executor.py", "finish (django_durq/db/",
-                          "_record_completions")),
+    (
+        "completion write",
+        ("complete (django_durq/db/", "_finish (django_durq/executor.py", "finish (django_durq/db/", "_record_completions"),
+    ),
     ("payload decode", ("decode_arguments",)),
     ("lease renewal / heartbeat", ("renew (django_durq", "beat (django_durq", "flush (django_durq/worker/monitor")),
     ("wake-up watcher", ("django_durq/worker/watcher.py",)),

@@ -30,7 +30,7 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
     rows = session.options.scale_rows
     jobs = session.options.jobs
     for variant in ("empty", "loaded"):
-        for repeat in range(session.options.repeats):
+        for repeat in range(max(1, session.options.repeats // 3)):
             load = procs.loadavg()
             metrics = measure(session, adapter, database, variant, rows, jobs, repeat)
             params = {"variant": variant, "rows": rows if variant == "loaded" else 0, "jobs": jobs}
@@ -47,9 +47,7 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
             )
 
 
-def measure(
-    session: Session, adapter: Adapter, database: str, variant: str, rows: int, jobs: int, repeat: int
-) -> dict[str, Any]:
+def measure(session: Session, adapter: Adapter, database: str, variant: str, rows: int, jobs: int, repeat: int) -> dict[str, Any]:
     def before(db: databases.Database) -> dict[str, Any]:
         result: dict[str, Any] = {}
         if variant == "loaded":

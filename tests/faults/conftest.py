@@ -7,6 +7,10 @@ assertion.
 
 Tests marked ``heavy`` run only with ``DURQ_TEST_HEAVY=1`` (``benchmarks/soak.py --tests``
 sets it); :func:`size` picks the CI or the full size of a test that runs in both.
+
+SQLite and PostgreSQL each have two CI legs (oldest and newest Python/Django). Tests marked
+``one_leg`` run on the newest one only, so that each database runs the whole catalogue once per
+CI run; ``DURQ_TEST_FAULTS=all`` runs them on any interpreter.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ SHORT_ENV = {
     "DURQ_TEST_KEEP_FINISHED": "3600",
 }
 HEAVY = os.environ.get("DURQ_TEST_HEAVY") == "1"
+EVERY_LEG = HEAVY or os.environ.get("DURQ_TEST_FAULTS") == "all"
+OLDEST_LEG = sys.version_info < (3, 12) and db_vendor() in ("sqlite", "postgres")
 
 
 def size(ci: int, heavy: int) -> int:
@@ -42,15 +48,20 @@ def size(ci: int, heavy: int) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "heavy: long fault tests, run by benchmarks/soak.py --tests (DURQ_TEST_HEAVY=1)")
+    config.addinivalue_line("markers", "one_leg: runs on the newest-Python CI leg of each database")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if HEAVY:
-        return
-    skip = pytest.mark.skip(reason="heavy: runs with DURQ_TEST_HEAVY=1 (benchmarks/soak.py --tests)")
+    heavy = pytest.mark.skip(reason="heavy: runs with DURQ_TEST_HEAVY=1 (benchmarks/soak.py --tests)")
+    newest = pytest.mark.skip(reason="runs on the newest-Python leg of this database (DURQ_TEST_FAULTS=all: here too)")
     for item in items:
-        if "heavy" in item.keywords:
-            item.add_marker(skip)
+        if "heavy" in item.keywords and not HEAVY:
+            item.add_marker(heavy)
+        elif "one_leg" in item.keywords and OLDEST_LEG and not EVERY_LEG:
+            item.add_marker(newest)
+
+
+one_leg = pytest.mark.one_leg
 
 
 def only_on(*vendors: str) -> pytest.MarkDecorator:

@@ -28,7 +28,7 @@ from tests.conftest import db_vendor, run_command
 from tests.ledger import checker, jobs
 from tests.ledger.models import Effect
 
-from .conftest import only_on, problems_in, size
+from .conftest import one_leg, only_on, problems_in, size
 from .racers import race
 
 transactional = pytest.mark.django_db(transaction=True)
@@ -60,6 +60,7 @@ def test_t30_payload_over_the_default_cap_is_refused_naming_the_limit(text):
     assert Job.objects.count() == 0
 
 
+@one_leg
 @pytest.mark.processes
 def test_t30_largest_accepted_payload_round_trips_byte_identical(faults):
     # Just under the cap in UTF-8: CJK (3 bytes), astral emoji (4 bytes), separators that JSON escapes.
@@ -71,6 +72,7 @@ def test_t30_largest_accepted_payload_round_trips_byte_identical(faults):
     assert Effect.objects.get(job_id=queued.pk).tag == hashlib.sha256(text.encode()).hexdigest()
 
 
+@one_leg
 @pytest.mark.processes
 def test_t30_t31_rows_left_by_raw_sql_fail_their_attempt_and_the_worker_survives(faults, tmp_path):
     deep = insert_row("tests.noop", "[" * 100_000 + "]" * 100_000)
@@ -115,15 +117,17 @@ def test_t31_unknown_type_is_retried_with_backoff_then_dead_and_others_run():
             clock.advance(1)
         assert drain(clock=clock) == {"dead": 1}
     row = Job.objects.get(pk=old)
-    assert row.attempts == 3 and [e["message"] for e in row.error_list] == [
-        "unknown job type 'old_job': no handler is registered under this name"
-    ] * 3
+    assert (
+        row.attempts == 3
+        and [e["message"] for e in row.error_list] == ["unknown job type 'old_job': no handler is registered under this name"] * 3
+    )
     assert checker.check({other.pk}).exact
 
 
 # --- T32: dedupe races ----------------------------------------------------------------------------------
 
 
+@one_leg
 @transactional
 def test_t32_processes_racing_one_key_get_one_job_and_the_same_id():
     rounds, racers = size(60, 1000), size(4, 8)
@@ -155,6 +159,7 @@ def test_t32_processes_racing_one_key_get_one_job_and_the_same_id():
     assert sorted(Job.objects.values_list("unique_key", flat=True)) == sorted(f"race-{n}" for n in range(rounds))
 
 
+@one_leg
 @transactional
 def test_t32_key_held_by_a_transaction_that_rolls_back_goes_to_the_waiter():
     holding = threading.Event()

@@ -18,14 +18,17 @@ from tests.conftest import wait_until
 from tests.ledger import checker, jobs
 from tests.ledger.models import Effect
 
-from .conftest import cut_connections, only_on, problems_in, server_connections, size
+from .conftest import cut_connections, one_leg, only_on, problems_in, server_connections, size
 
 pytestmark = [pytest.mark.processes, only_on("postgres", "mysql")]
 
-def test_t23_connections_cut_twice_mid_drain(faults):
+
+@pytest.mark.parametrize("finished", ["kept", "deleted"])
+def test_t23_connections_cut_twice_mid_drain(faults, finished):
     total = size(300, 10_000)
     queued = jobs.effect.enqueue_many([{"tag": "drain", "sleep": 0.01} for _ in range(total)])
-    workers = [faults.spawn("--queue", "default:4") for _ in range(2)]
+    env = {"DURQ_TEST_KEEP_FINISHED": ""} if finished == "deleted" else {}  # deleted: the default, batched
+    workers = [faults.spawn("--queue", "default:4", env=env) for _ in range(2)]
     for fraction in (0.3, 0.6):
         wait_until(lambda f=fraction: Effect.objects.count() >= f * total, 120, f"{fraction:.0%} progress")
         assert cut_connections() >= 2
@@ -34,7 +37,7 @@ def test_t23_connections_cut_twice_mid_drain(faults):
         wait_until(lambda c=cut_at: Effect.objects.count() > c + 10, 10, "claims to resume after the cut")
     wait_until(lambda: not Job.objects.active().exists(), 180, "the drain")
 
-    verdict = checker.check({row.pk for row in queued})
+    verdict = checker.check({row.pk for row in queued}, history_deleted=finished == "deleted")
     assert verdict.ok, verdict
     # A duplicate needs a job in flight at a cut: at most 8 slots, twice.
     assert len(verdict.duplicated) <= 2 * 8, verdict
@@ -69,6 +72,7 @@ def test_t24_idle_connections_dropped_then_work_arrives(faults):
         assert problems_in(worker.output()) == []
 
 
+@one_leg
 @only_on("postgres")
 def test_t25_connection_budget_and_no_leftover_backends(faults):
     # One worker with three pools: slots 4 + 2 + 1.
@@ -92,6 +96,7 @@ def test_t25_connection_budget_and_no_leftover_backends(faults):
         assert symptom not in output
 
 
+@one_leg
 @only_on("postgres")
 def test_t04_no_transaction_is_held_across_a_handler(faults):
     # Handlers that sleep 3 s on 4 slots; a transaction held across one would be idle in

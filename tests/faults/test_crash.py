@@ -20,7 +20,7 @@ from tests.conftest import db_vendor, wait_until
 from tests.ledger import checker, jobs
 from tests.ledger.models import Effect
 
-from .conftest import HEAVY, LEASE_S, POLL_S, cut_connections, is_gone, only_on, problems_in
+from .conftest import LEASE_S, POLL_S, cut_connections, is_gone, one_leg, only_on, problems_in
 
 pytestmark = pytest.mark.processes
 
@@ -92,13 +92,14 @@ def test_t08_claim_outcome_unknown_connection_cut_then_kill_9(faults):
     assert problems_in(rescuer.output()) == []
 
 
-CRASH_MODE = {"sqlite": "exit", "postgres": "segv", "mysql": "sigkill"}
+# One way to die per database in CI; all three on every database with DURQ_TEST_HEAVY=1.
+CRASH_MODE = {"sqlite": "exit", "postgres": "segv", "mysql": "sigkill"}[db_vendor()]
 
 
-@pytest.mark.parametrize("mode", ["exit", "sigkill", "segv"])
+@pytest.mark.parametrize(
+    "mode", [pytest.param(mode, marks=[] if mode == CRASH_MODE else [pytest.mark.heavy]) for mode in ("exit", "sigkill", "segv")]
+)
 def test_t11_poison_pill_that_kills_its_worker_becomes_a_dead_letter(faults, mode):
-    if not HEAVY and mode != CRASH_MODE[db_vendor()]:
-        pytest.skip("one crash mode per database in CI; all of them with DURQ_TEST_HEAVY=1")
     poison = jobs.crash.enqueue(mode=mode)  # max_attempts=3
     normal = jobs.effect.enqueue_many([{"tag": "normal"} for _ in range(50)])
 
@@ -126,6 +127,7 @@ def test_t11_poison_pill_that_kills_its_worker_becomes_a_dead_letter(faults, mod
     assert "lost its worker on its last attempt -> dead letter" in worker.output()
 
 
+@one_leg
 @only_on("sqlite", "postgres")
 @pytest.mark.parametrize("variant", ["same-worker-id", "worker-rows-deleted"])
 def test_t12_recovery_needs_only_the_job_lease(faults, variant):
@@ -149,6 +151,7 @@ def test_t12_recovery_needs_only_the_job_lease(faults, variant):
     assert Effect.objects.get(job_id=held.pk).pid == successor.pid
 
 
+@one_leg
 @only_on("sqlite", "postgres")
 def test_t13_killed_worker_with_every_slot_busy_leaves_nothing_behind(faults):
     busy = jobs.effect.enqueue_many([{"tag": "busy", "sleep": 2.0} for _ in range(4)])
@@ -167,8 +170,9 @@ def test_t13_killed_worker_with_every_slot_busy_leaves_nothing_behind(faults):
     assert set(Effect.objects.values_list("pid", flat=True)) == {rescuer.pid}
 
 
+@one_leg
 def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
-    paused = jobs.effect.enqueue(tag="paused", sleep=1.0)
+    paused = jobs.stubborn.enqueue(seconds=5.0)  # sleeps on its first run only
     sleeper = faults.spawn("--queue", "default:1")
     wait_until(lambda: Job.objects.running().exists(), 60, "the job to start")
     rescuer = faults.spawn_ready("--queue", "default:1")
@@ -196,6 +200,7 @@ def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
     assert problems_in(sleeper.output()) == []
 
 
+@one_leg
 @only_on("sqlite", "postgres")
 def test_stalled_heartbeat_loses_the_lease_and_the_late_completion_is_fenced(faults):
     stalled = jobs.effect.enqueue(tag="stalled", sleep=3.0)

@@ -25,11 +25,12 @@ from tests.conftest import wait_until
 from tests.ledger import checker, jobs
 from tests.ledger.models import Effect
 
-from .conftest import HEAVY, POLL_S, only_on, problems_in, size, sqlite_path, sqlite_probe
+from .conftest import HEAVY, POLL_S, one_leg, only_on, problems_in, size, sqlite_path, sqlite_probe
 
 pytestmark = [pytest.mark.processes, only_on("sqlite")]
 
 LONG_LEASE = {"DURQ_TEST_LEASE": "30", "DURQ_TEST_HEARTBEAT": "5"}  # rollback-journal tests need L >= 20 s
+DELETE_FINISHED = {"DURQ_TEST_KEEP_FINISHED": ""}  # the default: finished jobs are deleted, in batches
 
 
 @contextmanager
@@ -57,15 +58,24 @@ def _set_journal(mode: str) -> None:
         raw.close()
 
 
-MODES = [("wal", "IMMEDIATE"), ("wal", "DEFERRED"), ("delete", "IMMEDIATE"), ("delete", "DEFERRED")]
+MODES = [
+    pytest.param(
+        journal,
+        transactions,
+        id=f"{journal}-{transactions.lower()}",
+        marks=[] if (journal, transactions) == ("wal", "IMMEDIATE") else [one_leg],
+    )
+    for journal, transactions in [("wal", "IMMEDIATE"), ("wal", "DEFERRED"), ("delete", "IMMEDIATE"), ("delete", "DEFERRED")]
+]
 
 
-@pytest.mark.parametrize(("journal", "transactions"), MODES, ids=[f"{j}-{t.lower()}" for j, t in MODES])
+@pytest.mark.parametrize(("journal", "transactions"), MODES)
 def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, journal, transactions):
-    total, processes = size(600, 10_000), size(4, 8)
+    # A rollback-journal commit waits for the disk (~66 commits/s on the CI machine).
+    total, processes = size(600 if journal == "wal" else 300, 10_000), size(4, 8)
     queued = jobs.effect.using(lease=30).enqueue_many([{"tag": "drain"} for _ in range(total)])
     with journal_mode(journal) as env:
-        env = {**env, **LONG_LEASE, "DURQ_SQLITE_TRANSACTION_MODE": transactions}
+        env = {**env, **LONG_LEASE, **DELETE_FINISHED, "DURQ_SQLITE_TRANSACTION_MODE": transactions}
         web = None
         if (journal, transactions) == ("wal", "IMMEDIATE") or HEAVY:
             # T05: the web app writes 50 rows/s to the same file during the drain.
@@ -86,8 +96,10 @@ def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, 
 
     verdict = checker.check({row.pk for row in queued})
     assert verdict.exact, verdict
-    # No lock error reached a handler, and no lease expired: every job ran once, at the first try.
-    assert set(Job.objects.values_list("attempts", "errors")) == {(1, "[]")}
+    # No lock error reached a handler and no lease expired: every job ran once, under the token of
+    # its first claim, and every completion was recorded (finished jobs are deleted).
+    assert set(Effect.objects.values_list("token", flat=True)) == {1}
+    assert not Job.objects.exists()
     for worker in workers:
         assert problems_in(worker.output()) == [], worker.output()
     assert len(set(Effect.objects.values_list("pid", flat=True))) >= 2
@@ -97,6 +109,7 @@ def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, 
             assert report["inserts"] > 0 and report["locked"] == 0 and report["errors"] == 0, report
 
 
+@one_leg
 def test_t04_no_write_lock_is_held_across_a_handler_or_while_idle(faults):
     # A transaction held across a 3 s handler would keep the write lock for seconds; the probe
     # waits at most 250 ms, longer than any of the queue's own short writes (heartbeats, duties).
@@ -129,7 +142,7 @@ print("released", flush=True)
 """
 
 
-@pytest.mark.parametrize("lease", ["long", "short"])
+@pytest.mark.parametrize("lease", ["long", pytest.param("short", marks=one_leg)])
 def test_t26_outside_process_holds_the_write_lock_mid_drain(faults, lease):
     hold_s = size(4, 10)
     total = size(600, 1000)

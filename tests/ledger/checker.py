@@ -111,19 +111,27 @@ def judge(
     *,
     needs_effect: bool = True,
     explaining_kinds: Collection[str] = EXPLAINING_KINDS,
+    indeterminate: Collection[int] = (),
+    history_deleted: bool = False,
 ) -> Verdict:
     """The verdict over acknowledged ids, job rows by id, and effect rows as (job id, claim token).
 
     A job id missing from ``jobs`` counts as finished and deleted. With ``needs_effect``, a job
     that finished (kept or deleted) without a single effect row counts as lost too: the test
-    handlers write their effect before they return.
+    handlers write their effect before they return. ``indeterminate`` ids come from enqueue
+    calls that failed after they may have committed; their effects are not unexpected.
+
+    With ``history_deleted`` (finished jobs are deleted, the default outside tests) the error
+    history is gone with the row. A duplicate then counts as explained when each run carries its
+    own claim token: the queue claims a job again only after a lease expiry, a failed attempt or
+    a hand-back, never while a lease is valid. Two runs under one token are never explained.
     """
     acked_ids = set(acked)
     tokens: dict[int, list[int]] = defaultdict(list)
     for job_id, token in effects:
         tokens[job_id].append(token)
     verdict = Verdict(acked=len(acked_ids), effects=sum(len(t) for t in tokens.values()), executed=len(tokens))
-    verdict.unexpected = sorted(set(tokens) - acked_ids)
+    verdict.unexpected = sorted(set(tokens) - acked_ids - set(indeterminate))
     for job_id in sorted(acked_ids):
         record = jobs.get(job_id, JobRecord(job_id, GONE))
         ran = tokens.get(job_id, [])
@@ -135,7 +143,11 @@ def judge(
         if len(ran) > 1:
             verdict.duplicated.append(job_id)
             distinct = len(set(ran)) == len(ran)
-            if not distinct or len(ran) - 1 > record.interruptions(explaining_kinds):
+            if history_deleted and record.status == GONE:
+                explained = distinct
+            else:
+                explained = distinct and len(ran) - 1 <= record.interruptions(explaining_kinds)
+            if not explained:
                 verdict.unexplained.append(job_id)
     return verdict
 
@@ -144,7 +156,15 @@ def _failed_completion(entry: Mapping[str, Any]) -> bool:
     return entry.get("kind") == "exception" and str(entry.get("type", "")).endswith(CONNECTION_ERRORS)
 
 
-def check(acked: Iterable[int], *, using: str = "default", tag: str | None = None, needs_effect: bool = True) -> Verdict:
+def check(
+    acked: Iterable[int],
+    *,
+    using: str = "default",
+    tag: str | None = None,
+    needs_effect: bool = True,
+    indeterminate: Collection[int] = (),
+    history_deleted: bool = False,
+) -> Verdict:
     """:func:`judge` over the test database, optionally only over effects with one ``tag``."""
     from django_durq.models import Job
     from tests.ledger.models import Effect
@@ -155,7 +175,14 @@ def check(acked: Iterable[int], *, using: str = "default", tag: str | None = Non
     effects = Effect.objects.using(using)
     if tag is not None:
         effects = effects.filter(tag=tag)
-    return judge(acked_ids, jobs, effects.values_list("job_id", "token"), needs_effect=needs_effect)
+    return judge(
+        acked_ids,
+        jobs,
+        effects.values_list("job_id", "token"),
+        needs_effect=needs_effect,
+        indeterminate=indeterminate,
+        history_deleted=history_deleted,
+    )
 
 
 def effects_per_job(using: str = "default") -> Counter[int]:

@@ -1,6 +1,5 @@
-from celery import shared_task
-
 from benchsite.tick import tick
+from celery import shared_task
 
 
 @shared_task(name="bench.noop")

@@ -1,4 +1,5 @@
 from benchsite.tick import tick
+
 from django_durq import job
 
 

@@ -1,6 +1,5 @@
-from huey.contrib.djhuey import task
-
 from benchsite.tick import tick
+from huey.contrib.djhuey import task
 
 
 @task()

@@ -1,6 +1,5 @@
-from procrastinate.contrib.django import app
-
 from benchsite.tick import tick
+from procrastinate.contrib.django import app
 
 
 @app.task(name="bench.noop")

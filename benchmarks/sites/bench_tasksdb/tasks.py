@@ -1,6 +1,5 @@
-from django.tasks import task
-
 from benchsite.tick import tick
+from django.tasks import task
 
 
 @task

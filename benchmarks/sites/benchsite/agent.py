@@ -1,13 +1,13 @@
 """What the harness asks a system's virtualenv to do, one command per process; prints one JSON object.
 
-    python -m benchsite.agent enqueue --n 5000 --mode single
-    python -m benchsite.agent latency --n 200 --gap-ms 20 --out commits.json
-    python -m benchsite.agent writer --seconds 10 --interval-ms 5
-    python -m benchsite.agent sqlite-ceiling --path f.sqlite3 --synchronous NORMAL --seconds 5
-    python -m benchsite.agent mysql-ceiling --database NAME --seconds 5
-    python -m benchsite.agent durq-fill --finished 900000 --dead 100000 --delayed 100000
-    python -m benchsite.agent durq-claim-cost --n 300
-    python -m benchsite.agent admin-render --repeats 5
+python -m benchsite.agent enqueue --n 5000 --mode single
+python -m benchsite.agent latency --n 200 --gap-ms 20 --out commits.json
+python -m benchsite.agent writer --seconds 10 --interval-ms 5
+python -m benchsite.agent sqlite-ceiling --path f.sqlite3 --synchronous NORMAL --seconds 5
+python -m benchsite.agent mysql-ceiling --database NAME --seconds 5
+python -m benchsite.agent durq-fill --finished 900000 --dead 100000 --delayed 100000
+python -m benchsite.agent durq-claim-cost --n 300
+python -m benchsite.agent admin-render --repeats 5
 """
 
 import argparse
@@ -80,9 +80,8 @@ def cmd_latency(args):
 def cmd_writer(args):
     """The web app: one ORM insert every interval, each in its own transaction, as a request would."""
     setup_django()
-    from django.db import OperationalError
-
     from bench_app.models import AppRow
+    from django.db import OperationalError
 
     AppRow.objects.create(payload="warm-up")
     latencies = []

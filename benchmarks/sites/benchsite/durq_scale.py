@@ -12,7 +12,7 @@ _COMMON = {
     "name": "'bench.noop'",
     "queue": "'default'",
     "priority": "0",
-    "arguments": "'{\"args\": [], \"kwargs\": {\"i\": 0}}'",
+    "arguments": '\'{"args": [], "kwargs": {"i": 0}}\'',
     "max_attempts": "5",
     "lease_ms": "60000",
     "claimed_by": "'bench-fill'",
@@ -158,9 +158,7 @@ def admin_render(repeats):
 
     from django_durq import models
 
-    user, _ = get_user_model().objects.get_or_create(
-        username="bench", defaults={"is_staff": True, "is_superuser": True}
-    )
+    user, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_staff": True, "is_superuser": True})
     client = Client()
     client.force_login(user)
     pages = {}

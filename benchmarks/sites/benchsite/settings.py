@@ -89,6 +89,9 @@ elif DB == "mysql":
     }
 else:
     raise RuntimeError(f"BENCH_DB={DB!r}: use sqlite, postgres or mysql")
+# Persistent connections, as Django recommends for production: a worker that calls
+# close_old_connections() after each task (django-tasks-db) would otherwise reconnect for every task.
+DATABASES["default"]["CONN_MAX_AGE"] = 600
 
 if SYSTEM == "durq":
     INSTALLED_APPS += ["django_durq", "bench_durq"]
