@@ -211,6 +211,7 @@ def test_stalled_heartbeat_loses_the_lease_and_the_late_completion_is_fenced(fau
     wait_until(lambda: Effect.objects.filter(pid=rescuer.pid).exists(), RECOVERY_S + 3, "the rescuer to take the job")
     wait_until(lambda: FENCED.search(holder.output()), 15, "the holder's fenced completion")
     faults.gates.open("in_heartbeat")
+    wait_until(lambda: Job.objects.get(pk=stalled.pk).status == Status.FINISHED, 15, "the rescuer's completion")
 
     row = Job.objects.get(pk=stalled.pk)
     assert (row.status, row.attempts) == (Status.FINISHED, 2) and [e["kind"] for e in row.error_list] == ["lease_expired"]

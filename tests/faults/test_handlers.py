@@ -119,9 +119,9 @@ def test_t21_job_deleted_while_running_is_not_recreated_and_the_worker_goes_on(f
     following = jobs.effect.enqueue(tag="following")
     wait_until(lambda: Effect.objects.filter(tag="following").exists(), 30, "the next job")
     assert Effect.objects.get(tag="following").pid == worker.pid
+    wait_until(lambda: Job.objects.get(pk=following.pk).status == Status.FINISHED, 10, "the next job's completion")
     time.sleep(2 * 0.5)  # two heartbeat intervals: nothing may bring the row back
     assert not Job.objects.filter(pk=doomed.pk).exists()
-    assert Job.objects.get(pk=following.pk).status == Status.FINISHED
     output = worker.output()
     assert f"job {doomed.pk} (tests.effect) finished after its lease was lost" in output
     assert problems_in(output) == []
