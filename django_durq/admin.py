@@ -500,3 +500,5 @@ def clock_time(ms: int) -> str:
     moment = ms_to_datetime(ms)
     assert moment is not None
     return date_format(timezone.localtime(moment), "H:i")
+
+from . import schedule_admin  # noqa: E402,F401 - registers the Schedules page

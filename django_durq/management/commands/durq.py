@@ -60,13 +60,13 @@ def queue_name(text: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Operate the queue: stats, failed, retry, purge, cancel."
+    help = "Operate the queue: stats, failed, retry, purge, cancel, schedules."
     requires_system_checks: list[str] = []  # an operator needs these most when something is wrong
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.error = OneLineParser.error.__get__(parser)  # type: ignore[method-assign]
         commands = parser.add_subparsers(
-            dest="action", required=True, metavar="{stats,failed,retry,purge,cancel}", parser_class=OneLineParser
+            dest="action", required=True, metavar="{stats,failed,retry,purge,cancel,schedules}", parser_class=OneLineParser
         )
 
         stats = commands.add_parser("stats", help="Counts per queue: waiting, delayed, running, dead, oldest wait, throughput.")
@@ -90,10 +90,17 @@ class Command(BaseCommand):
         cancel = commands.add_parser("cancel", help="Cancel waiting jobs; ask running ones to stop.")
         cancel.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Job ids.")
 
+        commands.add_parser("schedules", help="Cron schedules with their last and next due time.")
+
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"do_{options['action']}")(options)
 
     # --- subcommands -------------------------------------------------------------------------------
+
+    def do_schedules(self, options: dict[str, Any]) -> None:
+        from ...schedules import format_schedules
+
+        self.stdout.write(format_schedules(now_ms()))
 
     def do_stats(self, options: dict[str, Any]) -> None:
         rows = ops.stats(now_ms=now_ms())
