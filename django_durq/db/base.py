@@ -147,6 +147,10 @@ class Dialect:
         fence, params = _fence(leases)
         return {row[0] for row in self.fetchall(f"DELETE FROM {JOB} WHERE status = 'running' AND {fence} RETURNING id", params)}
 
+    def existing_ids(self, ids: Sequence[int]) -> set[int]:
+        marks = ", ".join(["%s"] * len(ids))
+        return {row[0] for row in self.fetchall(f"SELECT id FROM {JOB} WHERE id IN ({marks})", list(ids))}
+
     def complete_and_claim(
         self, leases: Sequence[Lease], queue: str, limit: int, now_ms: int, worker_id: str
     ) -> tuple[set[int], list[ClaimedJob]]:

@@ -165,6 +165,13 @@ class Pool:
         done, jobs = runtime.store.retrying(
             "complete", lambda d: d.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id)
         )
+        missing = [job.id for job, _ in completions if job.id not in done]
+        if missing:
+            # A retried delete matches nothing when the first try committed but its answer was
+            # lost with the connection. A row that is gone is finished either way; only a row
+            # still there (re-claimed under a newer token) means our lease was lost.
+            present = runtime.store.retrying("check completions", lambda d: d.existing_ids(missing))
+            done = done | (set(missing) - present)
         for job, result in completions:
             if job.id in done:
                 self.executor.finished(job, result)
