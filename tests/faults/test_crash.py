@@ -193,9 +193,9 @@ def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
     verdict = checker.check({paused.pk})
     assert verdict.ok and verdict.duplicated == [paused.pk], verdict  # explained by the recorded expiry
     # The resumed worker is healthy: it runs the next job.
-    after = jobs.effect.enqueue(tag="after")
-    rescuer.signal(signal.SIGTERM)
+    rescuer.signal(signal.SIGTERM)  # first, so that only the resumed worker can take the next job
     assert rescuer.wait(timeout=30) == 0
+    after = jobs.effect.enqueue(tag="after")
     wait_until(lambda: Effect.objects.filter(job_id=after.pk, pid=sleeper.pid).exists(), 30, "the resumed worker's next job")
     assert problems_in(sleeper.output()) == []
 
