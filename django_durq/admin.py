@@ -501,4 +501,5 @@ def clock_time(ms: int) -> str:
     assert moment is not None
     return date_format(timezone.localtime(moment), "H:i")
 
+
 from . import schedule_admin  # noqa: E402,F401 - registers the Schedules page
