@@ -8,7 +8,7 @@ one host sharing the database file; it says nothing about a file on a network sh
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
 
@@ -68,3 +68,13 @@ class SQLiteDialect(Dialect):
     def data_version(self) -> int:
         """Changes whenever another connection commits to the file: a wake-up check with no lock."""
         return int(self.fetchall("PRAGMA data_version")[0][0])
+
+    def data_version_reader(self) -> Callable[[], int]:
+        """A cheap ``data_version`` for polling every few milliseconds.
+
+        It reads through the driver's own connection, skipping Django's cursor wrappers: the
+        watcher asks hundreds of times a second, and an idle worker should cost next to nothing.
+        """
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        return lambda: int(raw.execute("PRAGMA data_version").fetchone()[0])

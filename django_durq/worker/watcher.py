@@ -23,7 +23,7 @@ from ..db.postgresql import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_durq")
 
-SQLITE_CHECK_S = 0.005
+SQLITE_CHECK_S = 0.01  # 100 cheap reads a second: ~5 ms of added wake-up latency on average
 
 
 class Watcher:
@@ -64,10 +64,10 @@ class Watcher:
                 connections[self.alias].close()
 
     def _watch_sqlite(self) -> None:
-        dialect = dialect_for(connections[self.alias])
-        last = dialect.data_version()  # type: ignore[attr-defined]
+        read_version = dialect_for(connections[self.alias]).data_version_reader()  # type: ignore[attr-defined]
+        last = read_version()
         while not self.stopped.wait(SQLITE_CHECK_S):
-            version = dialect.data_version()  # type: ignore[attr-defined]
+            version = read_version()
             if version != last:
                 last = version
                 wakeup.notify_all()
