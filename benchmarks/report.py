@@ -60,6 +60,13 @@ def _met(ok: bool | None) -> str:
     return "-" if ok is None else ("yes" if ok else "**no**")
 
 
+def _admin_ms(lines: list[Line], database: str, variant: str, page: str) -> float | None:
+    for first, group in groups(lines, "scale", variant=variant):
+        if first["database"] == database:
+            return median(group, lambda row: ((row["metrics"].get("admin") or {}).get(page) or {}).get("ms"))
+    return None
+
+
 def targets_table(lines: list[Line]) -> str:
     rows: list[list[str]] = []
     for database, goal in (("sqlite", 20_000), ("postgres", 10_000)):
@@ -97,6 +104,13 @@ def targets_table(lines: list[Line]) -> str:
                 _met(ok),
             ]
         )
+    commits = _durq(lines, "latency", "sqlite", "idle_sqlite_commits_per_min")
+    if commits is not None:
+        rows.append(["idle worker, SQLite: write transactions", "none", _fmt(commits, 0, " per minute"), _met(commits == 0)])
+    for database in ("sqlite", "postgres"):
+        idle_cpu = _durq(lines, "latency", database, "idle_cpu_percent")
+        if idle_cpu is not None:
+            rows.append([f"idle worker CPU, {DB_LABEL[database]}", "negligible", _fmt(idle_cpu, 2, "%"), "-"])
     rss = _durq(lines, "memory", "sqlite", "peak_process_rss_mb")
     growth = _durq(lines, "memory", "sqlite", "rss_growth_percent")
     rows.append(["memory, 1 process × 4 threads (SQLite)", "≤ 60 MB", _fmt(rss, 1, " MB"), _met(rss <= 60 if rss else None)])
@@ -149,6 +163,13 @@ def targets_table(lines: list[Line]) -> str:
                     _met(claim_loaded / claim_empty <= 1.5),
                 ]
             )
+    for database in ("sqlite", "postgres", "mysql"):
+        for page in ("changelist", "dead_letters"):
+            empty = _admin_ms(lines, database, "empty", page)
+            loaded = _admin_ms(lines, database, "loaded", page)
+            if empty and loaded:
+                rows.append([f"scale, admin {page.replace('_', ' ')} at {rows_loaded:,} rows, {DB_LABEL[database]}",
+                             "within 2× of 1,000 rows", f"{loaded / empty:.2f}×", _met(loaded / empty <= 2)])  # fmt: skip
     errors = _durq(lines, "coexist", "sqlite", "app_errors")
     p99 = _durq(lines, "coexist", "sqlite", "app_p99_ms")
     worst = _durq(lines, "coexist", "sqlite", "app_max_ms")

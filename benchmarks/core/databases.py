@@ -92,6 +92,12 @@ class Database:
             mariadb(f"DROP DATABASE IF EXISTS `{self.name}`")
 
 
+def analyze(database: Database) -> None:
+    """Refresh the planner's statistics of a PostgreSQL database (others keep theirs up to date)."""
+    if database.kind == "postgres":
+        psql("ANALYZE", database.name)
+
+
 def create(kind: str, tag: str) -> Database:
     """A new, empty database of ``kind``; ``tag`` becomes part of its name."""
     safe = "".join(ch if ch.isalnum() else "_" for ch in tag).lower()
