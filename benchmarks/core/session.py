@@ -104,7 +104,7 @@ class Session:
             "cores": os.cpu_count(),
             "memory_gb": round(mem_kb / 1_048_576, 1),
             "kernel": platform.release(),
-            "python": self.python,
+            "python": self.python.replace(os.path.expanduser("~"), "~", 1),
             "durq_revision": envs.git_revision(),
         }
 

@@ -119,7 +119,8 @@ def profile_once(
                 spy.kill()
             group.stop()
     metrics = drain.summarize(tick_file, jobs, group, cpu)
-    metrics.update({"folded": str(folded), "profiled_jobs": profiled_jobs, "profiled_seconds": seconds})
+    shown = folded.relative_to(envs.REPO) if folded.is_relative_to(envs.REPO) else folded
+    metrics.update({"folded": str(shown), "profiled_jobs": profiled_jobs, "profiled_seconds": seconds})
     if not finished:
         metrics["error"] = group.log_tail()
     if not folded.exists():
