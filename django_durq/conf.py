@@ -24,6 +24,7 @@ class QueueSettings:
     concurrency: int = 4
     keep_finished_ms: int | None = None  # None: use the global setting
     keep_dead_ms: int | None = None
+    prefetch_ms: int | None = None  # None: use the global setting
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class DurqSettings:
     keep_dead_ms: int | None = None
     shutdown_grace_ms: int = 30_000
     timeout_ms: int | None = None
+    prefetch_ms_default: int = 20
     schedules: dict[str, Any] = field(default_factory=dict)
     test_hooks_dir: str | None = None
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
@@ -64,6 +66,11 @@ class DurqSettings:
 
     def queue(self, name: str) -> QueueSettings:
         return self.queues.get(name, QueueSettings())
+
+    def prefetch_ms(self, queue: str) -> int:
+        """How much work (in the pool's measured job time) a pool of ``queue`` may claim beyond its free slots."""
+        own = self.queue(queue).prefetch_ms
+        return own if own is not None else self.prefetch_ms_default
 
 
 KNOWN_KEYS = {
@@ -79,6 +86,7 @@ KNOWN_KEYS = {
     "KEEP_DEAD",
     "SHUTDOWN_GRACE",
     "TIMEOUT",
+    "PREFETCH",
     "SCHEDULES",
     "TEST_HOOKS_DIR",
     "MONITORING",
@@ -162,6 +170,7 @@ def parse(raw: Any) -> DurqSettings:
     timeout_ms = p.duration_ms("TIMEOUT", None, allow_none=True)
     keep_finished_ms = p.duration_ms("KEEP_FINISHED", 0, minimum_ms=0)
     keep_dead_ms = p.duration_ms("KEEP_DEAD", None, allow_none=True, minimum_ms=0)
+    prefetch_ms = p.duration_ms("PREFETCH", defaults.prefetch_ms_default, minimum_ms=0)
     max_attempts = p.positive_int(raw, "MAX_ATTEMPTS", defaults.max_attempts, 'DURQ["MAX_ATTEMPTS"]')
     max_payload = p.positive_int(raw, "MAX_PAYLOAD_BYTES", defaults.max_payload_bytes, 'DURQ["MAX_PAYLOAD_BYTES"]')
 
@@ -187,6 +196,7 @@ def parse(raw: Any) -> DurqSettings:
         keep_dead_ms=keep_dead_ms,
         shutdown_grace_ms=grace_ms,
         timeout_ms=timeout_ms,
+        prefetch_ms_default=prefetch_ms,
         schedules=schedules,
         test_hooks_dir=str(hooks) if hooks else None,
         monitoring=monitoring,
@@ -280,19 +290,22 @@ def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
         if not isinstance(options, dict):
             p.problem("durq.E008", f'DURQ["QUEUES"]["{name}"] must be a dict', 'Write {"concurrency": 4}.')
             continue
-        unknown = set(options) - {"concurrency", "keep_finished", "keep_dead"}
+        unknown = set(options) - {"concurrency", "keep_finished", "keep_dead", "prefetch"}
         if unknown:
             p.problem(
                 "durq.E008",
                 f'DURQ["QUEUES"]["{name}"] has unknown keys {sorted(unknown)}',
-                "Known: concurrency, keep_finished, keep_dead.",
+                "Known: concurrency, keep_finished, keep_dead, prefetch.",
             )
         concurrency = p.positive_int(options, "concurrency", 4, f'DURQ["QUEUES"]["{name}"]["concurrency"]')
         sub = _Parser(options)
         keep_finished = sub.duration_ms("keep_finished", None, allow_none=True, minimum_ms=0)
         keep_dead = sub.duration_ms("keep_dead", None, allow_none=True, minimum_ms=0)
+        prefetch = sub.duration_ms("prefetch", None, allow_none=True, minimum_ms=0)
         p.problems.extend(sub.problems)
-        queues[name] = QueueSettings(concurrency=concurrency, keep_finished_ms=keep_finished, keep_dead_ms=keep_dead)
+        queues[name] = QueueSettings(
+            concurrency=concurrency, keep_finished_ms=keep_finished, keep_dead_ms=keep_dead, prefetch_ms=prefetch
+        )
     return queues or {DEFAULT_QUEUE: QueueSettings()}
 
 

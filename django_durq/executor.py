@@ -60,7 +60,7 @@ class Executor:
         settings: DurqSettings,
         clock: Clock,
         worker_id: str,
-        count: Callable[[str, str], None] = lambda queue, outcome: None,
+        count: Callable[..., None] = lambda queue, outcome, n=1: None,
         defer_completion: Callable[[ClaimedJob, JobContext, Any], None] | None = None,
     ) -> None:
         self.store = store
@@ -71,6 +71,7 @@ class Executor:
         # A worker pool batches the deletes of finished jobs (see Pool.flush_completions).
         self.defer_completion = defer_completion
         self.hooks_enabled = settings.test_hooks_dir is not None
+        self._keep_finished: dict[str, int] = {}  # per queue; looked up for every finished job
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
         errors = _error_list(job.errors)
@@ -83,6 +84,8 @@ class Executor:
         if self.hooks_enabled:
             hooks.reach("after_claim", job.id)
 
+        if ctx.stop_requested:
+            return self._cancel(job, ctx, errors)  # an operator cancelled it while it waited in the buffer
         definition = registry.get(job.name)
         result: Any = None
         failure: Failure | None = None
@@ -152,8 +155,11 @@ class Executor:
         return self.clock.now_ms() + seconds_to_ms(retry.after)
 
     def _keep_finished_ms(self, queue: str) -> int:
-        own = self.settings.queue(queue).keep_finished_ms
-        return own if own is not None else self.settings.keep_finished_ms
+        keep = self._keep_finished.get(queue)
+        if keep is None:
+            own = self.settings.queue(queue).keep_finished_ms
+            keep = self._keep_finished[queue] = own if own is not None else self.settings.keep_finished_ms
+        return keep
 
     def _finish(
         self, job: ClaimedJob, ctx: JobContext, definition: JobDefinition | None, result: Any, errors: list[dict[str, Any]]
@@ -181,9 +187,16 @@ class Executor:
 
     def finished(self, job: ClaimedJob, result: Any) -> None:
         """Count and announce a job whose completion is recorded."""
-        self.count(job.queue, FINISHED)
+        self.finished_many([(job, result)])
+
+    def finished_many(self, completions: list[tuple[ClaimedJob, Any]]) -> None:
+        """Count and announce a batch of jobs of one queue whose completions are recorded."""
+        if not completions:
+            return
+        self.count(completions[0][0].queue, FINISHED, len(completions))
         if job_finished.receivers:
-            job_finished.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
+            for job, result in completions:
+                job_finished.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
 
     def _fail(
         self,

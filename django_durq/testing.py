@@ -29,7 +29,7 @@ def drain(queue: str | None = None, clock: Clock | None = None, max_jobs: int = 
     store = Store(settings.database)
     worker_id = f"drain:{os.getpid()}:{threading.get_ident()}"
     outcomes: Counter[str] = Counter()
-    executor = Executor(store, settings, clock, worker_id, count=lambda q, o: None)
+    executor = Executor(store, settings, clock, worker_id, count=lambda q, o, n=1: None)
     shutdown = threading.Event()
     while sum(outcomes.values()) < max_jobs:
         if queue is not None:

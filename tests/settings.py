@@ -110,6 +110,8 @@ DURQ = {
 }
 if os.environ.get("DURQ_TEST_HOOKS_DIR"):
     DURQ["TEST_HOOKS_DIR"] = os.environ["DURQ_TEST_HOOKS_DIR"]
+if os.environ.get("DURQ_TEST_PREFETCH"):
+    DURQ["PREFETCH"] = float(os.environ["DURQ_TEST_PREFETCH"])
 if os.environ.get("DURQ_TEST_KEEP_FINISHED"):
     DURQ["KEEP_FINISHED"] = float(os.environ["DURQ_TEST_KEEP_FINISHED"])
 

@@ -39,6 +39,10 @@ def ids(raw: object) -> list[str]:
         ({"QUEUES": {"a:b": {}}}, ["durq.E008"]),
         ({"QUEUES": {"video": {"concurrency": 0}}}, ["durq.E003"]),
         ({"QUEUES": {"video": {"workers": 2}}}, ["durq.E008"]),
+        ({"PREFETCH": -0.01}, ["durq.E002"]),
+        ({"PREFETCH": "20ms"}, ["durq.E002"]),
+        ({"QUEUES": {"video": {"prefetch": -1}}}, ["durq.E002"]),
+        ({"PREFETCH": 0, "QUEUES": {"video": {"prefetch": 0.5}}}, []),
         ({"LEASE": timedelta(minutes=5), "HEARTBEAT_INTERVAL": timedelta(seconds=30)}, []),
     ],
 )
@@ -56,6 +60,12 @@ def test_defaults_are_sane():
     assert settings.problems == ()
     assert settings.lease_ms >= 2 * settings.heartbeat_interval_ms
     assert settings.queues["default"].concurrency == 4
+    assert settings.prefetch_ms("default") == 20
+
+
+def test_prefetch_per_queue_overrides_the_global_horizon():
+    settings = parse({"PREFETCH": 0, "QUEUES": {"video": {"prefetch": 0.5}, "mail": {}}})
+    assert (settings.prefetch_ms("video"), settings.prefetch_ms("mail"), settings.prefetch_ms("unlisted")) == (500, 0, 0)
 
 
 def test_settings_errors_reach_manage_py_check(settings):

@@ -464,6 +464,19 @@ def test_a_dead_letter_never_owns_its_key(clock):
     assert Job.objects.filter(unique_key="k2").count() == 2
 
 
+@pytest.mark.skipif(db_vendor() == "mysql", reason="MariaDB has no partial indexes; it keeps migration 0001's")
+def test_queue_indexes_hold_only_the_rows_their_queries_look_for():
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT name, sql FROM sqlite_master WHERE tbl_name = 'durq_job' AND sql LIKE 'CREATE%INDEX%'")
+        else:
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'durq_job'")
+        definitions = dict(cursor.fetchall())
+    assert "unique_active IS NOT NULL" in definitions["durq_job_unique_active"]
+    for name, status in (("durq_job_claim", "waiting"), ("durq_job_due", "waiting"), ("durq_job_lease", "running")):
+        assert f"'{status}'" in definitions[name].split("WHERE", 1)[1], name
+
+
 @transactional
 def test_dedupe_inside_a_transaction_keeps_it_usable(clock):
     jobs.noop.using(unique="k3").enqueue()

@@ -107,6 +107,58 @@ def test_pool_claims_no_more_than_its_slots(spawn_worker):
     assert worker.wait(timeout=30) == 0
 
 
+def test_short_jobs_are_claimed_ahead_and_handed_back_unstarted_on_sigterm(spawn_worker):
+    # Quick jobs first (highest priority) teach the pool its jobs are short; it then claims the
+    # rest ahead. One blocker runs; the others wait in the buffer, leased, until the SIGTERM.
+    jobs.effect_fast.using(queue="default", priority=10).enqueue_many([{"tag": "quick"} for _ in range(5)])
+    blockers = jobs.until_stopped.enqueue_many([{"seconds": 60, "tag": f"b{n}"} for n in range(30)])
+    worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_PREFETCH": "30"})
+    wait_until(lambda: Effect.objects.filter(tag="quick").count() == 5, 30, "the quick jobs")
+    wait_until(lambda: Job.objects.running().count() == 30, 10, "the blockers claimed ahead")
+    assert Effect.objects.filter(tag__startswith="b").count() == 0
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    rows = list(Job.objects.filter(pk__in=[row.pk for row in blockers]))
+    assert len(rows) == 30
+    for row in rows:
+        assert row.status == Status.WAITING and row.attempts == 0 and row.lease_expires_ms is None
+    # Exactly one blocker had started; it saw should_stop() and was handed back too.
+    assert [tag for tag in Effect.objects.values_list("tag", flat=True) if tag.startswith("b")] == [
+        next(tag for tag in Effect.objects.values_list("tag", flat=True) if tag.endswith(":stopped"))
+    ]
+    assert "handed back 29 buffered job(s)" in worker.output()
+
+
+def test_a_job_cancelled_while_buffered_never_runs(spawn_worker):
+    from django_durq import ops
+
+    jobs.effect_fast.using(queue="default", priority=10).enqueue_many([{"tag": "quick"} for _ in range(5)])
+    jobs.effect.using(priority=5).enqueue(tag="blocker", sleep=3.0)
+    later = jobs.effect.enqueue_many([{"tag": f"later{n}"} for n in range(5)])
+    env = {"DURQ_TEST_PREFETCH": "30", "DURQ_TEST_HEARTBEAT": "0.3", "DURQ_TEST_LEASE": "5"}
+    worker = spawn_worker("--queue", "default:1", env=env)
+    wait_until(lambda: Effect.objects.filter(tag="quick").count() == 5, 30, "the quick jobs")
+    wait_until(lambda: Job.objects.running().count() == 6, 10, "the blocker running, the rest claimed ahead")
+    assert ops.cancel([later[2].pk]).stopping == [later[2].pk]
+    wait_until(lambda: Effect.objects.filter(tag__startswith="later").count() == 4, 30, "the other buffered jobs")
+    wait_until(lambda: Job.objects.filter(pk=later[2].pk, status=Status.CANCELLED).exists(), 10, "the cancellation")
+    assert not Effect.objects.filter(tag="later2").exists()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+
+
+def test_prefetch_0_claims_only_for_free_slots(spawn_worker):
+    jobs.effect_fast.using(queue="default", priority=10).enqueue_many([{"tag": "quick"} for _ in range(5)])
+    jobs.until_stopped.enqueue_many([{"seconds": 60, "tag": f"b{n}"} for n in range(10)])
+    worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_PREFETCH": "0"})
+    wait_until(lambda: Job.objects.running().count() == 2, 30, "two blockers running")
+    for _ in range(10):
+        assert Job.objects.running().count() == 2
+        time.sleep(0.1)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+
+
 # --- wake-up ------------------------------------------------------------------------------------
 
 

@@ -39,11 +39,14 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("lease renewal / heartbeat", ("renew (django_durq", "beat (django_durq", "flush (django_durq/worker/monitor")),
     ("wake-up watcher", ("django_durq/worker/watcher.py",)),
     ("maintenance duties", ("django_durq/worker/maintenance.py",)),
-    ("connection tidying", ("_tidy_connections",)),
+    ("connection tidying", ("tidy (django_durq/worker/pool.py", "after_idle (django_durq/worker/pool.py")),
     ("job context set-up", ("__init__ (django_durq/context.py",)),
     ("counters and bookkeeping", ("job_done", "count (django_durq/worker/runtime", "hooks.py", "_defer_completion")),
     ("executor (rest)", ("django_durq/executor.py",)),
-    ("thread hand-off (inbox, kick)", ("_work (django_durq/worker/pool.py", "_dispatch (django_durq/worker/pool.py")),
+    (
+        "thread hand-off (buffer, kick)",
+        ("_work (django_durq/worker/pool.py", "_next_job (django_durq/worker/pool.py", "_dispatch (django_durq/worker/pool.py"),
+    ),
     ("supervisor / monitor loops", ("django_durq/worker/supervisor.py", "django_durq/worker/monitor.py")),
 ]
 DB_LAYER = ("django/db/", "sqlite3", "psycopg", "MySQLdb")

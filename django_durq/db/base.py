@@ -94,6 +94,15 @@ class Dialect:
         """A transient contention error worth retrying after a short wait."""
         return False
 
+    def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
+        """A condition matching the running rows still held under these (id, claim token) pairs.
+
+        Dialects that can pass the pairs as one array parameter override this, so the SQL text
+        stays the same for every batch size and the driver's statement cache can keep it.
+        """
+        fence, params = _fence(leases)
+        return f"status = 'running' AND {fence}", params
+
     # --- shared, portable SQL --------------------------------------------------------------
 
     def insert_job(self, values: dict[str, Any], notify: bool) -> int:
@@ -132,20 +141,17 @@ class Dialect:
         """Extend leases; returns {job id: stop requested} for the leases still held."""
         if not leases:
             return {}
-        fence, params = _fence(leases)
-        self.execute(
-            f"UPDATE {JOB} SET lease_expires_ms = %s + lease_ms WHERE status = 'running' AND {fence}",
-            [now_ms, *params],
-        )
-        rows = self.fetchall(f"SELECT id, stop_requested FROM {JOB} WHERE status = 'running' AND {fence}", params)
+        held, params = self.held_many(leases)
+        self.execute(f"UPDATE {JOB} SET lease_expires_ms = %s + lease_ms WHERE {held}", [now_ms, *params])
+        rows = self.fetchall(f"SELECT id, stop_requested FROM {JOB} WHERE {held}", params)
         return {row[0]: bool(row[1]) for row in rows}
 
     def complete(self, leases: Sequence[Lease]) -> set[int]:
         """Delete finished jobs (the default: nothing kept); returns the ids whose lease was still held."""
         if not leases:
             return set()
-        fence, params = _fence(leases)
-        return {row[0] for row in self.fetchall(f"DELETE FROM {JOB} WHERE status = 'running' AND {fence} RETURNING id", params)}
+        held, params = self.held_many(leases)
+        return {row[0] for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id", params)}
 
     def existing_ids(self, ids: Sequence[int]) -> set[int]:
         marks = ", ".join(["%s"] * len(ids))
@@ -208,10 +214,9 @@ class Dialect:
         """Hand jobs back at shutdown, due now; the interrupted attempt is not counted."""
         if not leases:
             return 0
-        fence, params = _fence(leases)
+        held, params = self.held_many(leases)
         return self.execute(
-            f"UPDATE {JOB} SET status = 'waiting', run_at_ms = %s, lease_expires_ms = NULL,"
-            f" attempts = attempts - 1 WHERE status = 'running' AND {fence}",
+            f"UPDATE {JOB} SET status = 'waiting', run_at_ms = %s, lease_expires_ms = NULL, attempts = attempts - 1 WHERE {held}",
             [now_ms, *params],
         )
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
+from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease
 
 # A CTE that locks rows is always materialized, so it works as an optimization fence: the
 # planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
+# "id = ANY(ARRAY(...))" makes the update primary-key lookups whatever the table statistics say
+# (a join may hash a sequential scan of the whole table).
 _CLAIM = f"""
 WITH expired AS (
     SELECT id, priority, run_at_ms FROM {JOB}
@@ -35,7 +37,7 @@ UPDATE {JOB} AS job SET
     started_ms = %s,
     lease_expires_ms = %s + job.lease_ms,
     reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
-FROM picked WHERE job.id = picked.id
+WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 """
 
@@ -43,6 +45,14 @@ RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 _LOCK_STATES = {"40P01", "40001", "55P03"}
 
 NOTIFY_CHANNEL = "durq"
+
+# Pairs arrive as arrays, so the statement text is the same for every batch size. A row is
+# running exactly while its lease_expires_ms is set; testing that instead of the status keeps
+# the planner on primary-key lookups: "status = 'running'" would let it pick the partial lease
+# index, and with statistics gathered while nothing ran it then rescans the pairs per row.
+_HELD = (
+    "lease_expires_ms IS NOT NULL AND id = ANY(%s::bigint[]) AND claim_token = (%s::bigint[])[array_position(%s::bigint[], id)]"
+)
 
 
 class PostgreSQLDialect(Dialect):
@@ -55,6 +65,10 @@ class PostgreSQLDialect(Dialect):
         jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM, params)]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
+        ids = [job_id for job_id, _ in leases]
+        return _HELD, [ids, [token for _, token in leases], ids]
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

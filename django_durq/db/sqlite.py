@@ -7,11 +7,14 @@ one host sharing the database file; it says nothing about a file on a network sh
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Sequence
 
-from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
+from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease
 
+# INDEXED BY: without statistics SQLite may read the due index and sort every waiting row; the
+# claim index (waiting rows only, see migration 0002) already holds them in claim order.
 _CLAIM = f"""
 UPDATE {JOB} SET
     status = 'running',
@@ -28,7 +31,7 @@ WHERE id IN (
         ORDER BY lease_expires_ms LIMIT %s)
     UNION ALL
     SELECT id FROM (
-        SELECT id FROM {JOB}
+        SELECT id FROM {JOB} INDEXED BY durq_job_claim
         WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
         ORDER BY priority DESC, run_at_ms, id LIMIT %s)
     LIMIT %s)
@@ -36,6 +39,12 @@ RETURNING {", ".join(CLAIM_COLUMNS)}
 """
 
 _LOCK_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+# Pairs arrive as one JSON array; SQLite looks each id up by rowid.
+_HELD = (
+    "status = 'running' AND (id, claim_token) IN"
+    " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(%s))"
+)
 
 
 class SQLiteDialect(Dialect):
@@ -48,6 +57,9 @@ class SQLiteDialect(Dialect):
         # RETURNING gives rows in no defined order; hand them out in claim order.
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
+        return _HELD, [json.dumps(leases)]
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

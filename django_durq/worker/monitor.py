@@ -72,17 +72,23 @@ class Monitor:
             connections.close_all()
 
     def beat(self, now: int) -> None:
-        """Renew every running lease, record this process as alive, flush the counters."""
+        """Renew every running and buffered lease, record this process as alive, flush the counters."""
         runtime = self.runtime
         running = [entry for pool in self.pools for entry in pool.running() if not entry.abandoned]
         for entry in running:
             hooks.reach("in_heartbeat", entry.job.id)
-        if running:
-            held = runtime.store.renew([entry.ctx.lease for entry in running], now)
+        # Claimed-ahead jobs waiting in a pool's buffer are leased too, and renewed with the rest.
+        buffered = {pool: pool.buffered_leases() for pool in self.pools}
+        leases = [entry.ctx.lease for entry in running] + [lease for pool_leases in buffered.values() for lease in pool_leases]
+        if leases:
+            held = runtime.store.renew(leases, now)
             for entry in running:
                 entry.ctx.apply_renewal(held)
                 if entry.ctx.lease_lost and not entry.ctx.settled:
                     logger.warning("durq: job %s lost its lease (taken over or deleted)", entry.job.id)
+            for pool, pool_leases in buffered.items():
+                if pool_leases:
+                    pool.apply_buffer_renewal({job_id for job_id, _ in pool_leases}, held)
         self.flush(now)
 
     def flush(self, now: int) -> None:

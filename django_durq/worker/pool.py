@@ -1,19 +1,31 @@
-"""A bounded pool for one named queue: claim no more than the free slots, run each job in a thread.
+"""A bounded pool for one named queue: a dispatcher thread that claims, slot threads that run.
 
-The dispatcher thread probes with a read before it claims (on SQLite an idle poll then takes
-no write lock), claims one batch of at most ``free`` jobs, and sleeps until it is kicked (an
-enqueue, a freed slot, another process's commit) or the poll interval runs out.
+The dispatcher claims jobs into a small ready buffer and slots take them from it. With
+``PREFETCH`` at 0 a pool claims no more than its free slots. Otherwise it may claim ahead as
+many jobs as its slots are expected to start within ``PREFETCH`` seconds, judged by the pool's
+own recent job durations: short jobs are claimed hundreds at a time, while jobs that take
+longer than the horizon are never held back from another worker. Buffered jobs are leased and
+heartbeated like running ones, and handed back, attempt uncounted, at shutdown.
+
+Finished jobs are deleted in batches, in the same transaction as the next claim: a finished
+job waits in memory at most ``COMPLETION_HOLD_MS`` (or until ``FLUSH_BATCH`` of them have
+piled up); a crash in that window runs it again once its lease expires (at-least-once).
+
+An idle dispatcher probes with a read before it claims, so an idle poll on SQLite takes no
+write lock, and sleeps until it is kicked (an enqueue, another process's commit, a freed
+slot) or the poll interval runs out.
 """
 
 from __future__ import annotations
 
 import logging
-import queue as queue_module
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import wakeup
 from ..context import JobContext
@@ -29,6 +41,15 @@ logger = logging.getLogger("django_durq")
 TIMEOUT_GRACE_MS = 1_000
 # A slot idle for longer than this checks its connections before the next handler runs.
 IDLE_CHECK_S = 1.0
+# The longest a finished job's delete waits in memory to share a transaction with others.
+COMPLETION_HOLD_MS = 5
+# Completions recorded at once at most; reaching it flushes before the hold is over.
+FLUSH_BATCH = 256
+# The most jobs a pool claims beyond its free slots, however short its jobs.
+MAX_AHEAD = 256
+
+
+_UNFINISHED = object()
 
 
 class Running:
@@ -43,14 +64,23 @@ class Pool:
         self.queue = queue
         self.concurrency = concurrency
         self.runtime = runtime
+        self.prefetch_ms = runtime.settings.prefetch_ms(queue)
         self.kick = threading.Event()
         self.finished = threading.Event()  # the dispatcher has stopped and every slot is idle
-        self._inbox: queue_module.SimpleQueue[ClaimedJob | None] = queue_module.SimpleQueue()
         self._lock = threading.Lock()
+        self._has_ready = threading.Condition(self._lock)
+        self._ready: deque[ClaimedJob] = deque()  # claimed, not started
+        self._cancel_before_start: set[int] = set()
+        self._closing = False
         self._busy = 0
         self._threads: list[threading.Thread] = []
         self._running: dict[int, Running] = {}
         self._completions: list[tuple[ClaimedJob, Any]] = []
+        self._finished_results: dict[int, Any] = {}  # job id -> result, until the slot retires it
+        self._completions_since = 0.0
+        # Mean handler time per job (seconds), smoothed; decides how far ahead to claim.
+        self._mean_job_s: float | None = None
+        self._low_water = 0  # a slot that leaves this many buffered jobs kicks the dispatcher
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -82,63 +112,129 @@ class Pool:
         with self._lock:
             return self._busy
 
+    def held(self) -> int:
+        """Jobs this pool holds a lease on and has not finished: running plus buffered."""
+        with self._lock:
+            return self._busy + len(self._ready)
+
+    def buffered_leases(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return [(job.id, job.claim_token) for job in self._ready]
+
+    def apply_buffer_renewal(self, asked: set[int], held: dict[int, bool]) -> None:
+        """Drop buffered jobs whose lease is gone; cancel before they start those an operator stopped.
+
+        ``asked`` holds the ids whose renewal ``held`` answers; jobs claimed since are left alone.
+        """
+        with self._lock:
+            kept: deque[ClaimedJob] = deque()
+            for job in self._ready:
+                if job.id not in asked:
+                    kept.append(job)
+                    continue
+                if job.id not in held:
+                    logger.warning("durq: buffered job %s lost its lease before it started; dropped", job.id)
+                    continue
+                if held[job.id]:
+                    self._cancel_before_start.add(job.id)
+                kept.append(job)
+            self._ready = kept
+
     # --- dispatcher ----------------------------------------------------------------------------
+
+    def _target(self) -> int:
+        """How many jobs to hold: one per slot, plus those the slots should start within the horizon."""
+        mean = self._mean_job_s
+        if not self.prefetch_ms or mean is None:
+            return self.concurrency
+        ahead = self.concurrency * self.prefetch_ms / 1000 / max(mean, 1e-6)
+        return self.concurrency + min(MAX_AHEAD, int(ahead))
 
     def _dispatch(self) -> None:
         runtime = self.runtime
         probe = True
+        wait_s = 0.0
         try:
             while not runtime.stop_claiming.is_set():
+                if wait_s > 0:
+                    self.kick.wait(wait_s)
                 self.kick.clear()
-                free = self.concurrency - self.busy()
-                completions = self._take_completions()
-                if free <= 0:
-                    if completions:
-                        self._record_completions(completions, [])
-                    else:
-                        self.kick.wait(runtime.poll_s)
+                wait_s = runtime.poll_s
+                with self._lock:
+                    held = self._busy + len(self._ready)
+                    ready = len(self._ready)
+                    pending = len(self._completions)
+                    held_for_s = time.monotonic() - self._completions_since
+                target = self._target()
+                want = target - held
+                # Refill once the buffer is half used (at once when it only covers free slots).
+                self._low_water = (target - self.concurrency) // 2
+                refill = want > 0 and ready <= self._low_water
+                flush = pending > 0 and (pending >= FLUSH_BATCH or held_for_s * 1000 >= COMPLETION_HOLD_MS or refill)
+                if not refill and not flush:
+                    if pending:
+                        wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
                     continue
                 now = runtime.clock.now_ms()
-                if probe and not completions:
+                if refill and probe and not pending:
                     due = runtime.store.next_due_ms(self.queue)
                     if due is None or due > now:
                         if runtime.burst:
-                            if self.busy() == 0:
+                            if self.held() == 0:
                                 break
-                            self.kick.wait(runtime.poll_s)
                             continue
                         poll_ms = runtime.settings.poll_interval_ms
-                        wait_ms = poll_ms if due is None else min(due - now, poll_ms)
-                        self.kick.wait(max(wait_ms, 1) / 1000)
+                        wait_s = max(poll_ms if due is None else min(due - now, poll_ms), 1) / 1000
                         continue
                     self._bury_expired(now)
-                free = runtime.claim_budget(free)
-                jobs = self._record_completions(completions, [free, now])
-                runtime.unclaimed(free - len(jobs))
-                probe = len(jobs) < free
+                # A flush tops the buffer up too: one transaction both records and claims.
+                limit = runtime.claim_budget(want) if want > 0 else 0
+                jobs = self._record_completions(self._take_completions(), [limit, now] if limit else [])
+                runtime.unclaimed(limit - len(jobs))
+                if limit:
+                    probe = len(jobs) < limit
                 if jobs:
-                    with self._lock:
-                        self._busy += len(jobs)
-                    for job in jobs:
-                        self._inbox.put(job)
+                    with self._has_ready:
+                        self._ready.extend(jobs)
+                        self._has_ready.notify(len(jobs))
+                    wait_s = runtime.poll_s
+                if self._completions:
+                    wait_s = COMPLETION_HOLD_MS / 1000
         except BaseException:
             logger.exception("durq: the dispatcher of queue %r stopped on an unexpected error", self.queue)
             runtime.request_stop("dispatcher failure")
         finally:
             wakeup.unsubscribe(self.queue, self.kick)
+            self._hand_back_buffer()
             while self.busy() > 0:
                 self.kick.wait(0.05)
                 self.kick.clear()
                 self.flush_completions()
             self.flush_completions()
-            for _ in self._threads:
-                self._inbox.put(None)
+            with self._has_ready:
+                self._closing = True
+                self._has_ready.notify_all()
             self.finished.set()
 
-    def _defer_completion(self, job: ClaimedJob, ctx: JobContext, result: Any) -> None:
-        # No kick here: the slot thread kicks once it has freed its slot, a moment later.
+    def _hand_back_buffer(self) -> None:
+        """Buffered jobs never started: release them for other workers, the attempt not counted."""
         with self._lock:
-            self._completions.append((job, result))
+            leases = [(job.id, job.claim_token) for job in self._ready]
+            self._ready.clear()
+        if not leases:
+            return
+        runtime = self.runtime
+        try:
+            released = runtime.store.retrying("release", lambda d: d.release(leases, runtime.clock.now_ms()))
+        except Exception:  # their leases expire; no job is lost
+            logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
+            return
+        runtime.unclaimed(len(leases))
+        logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
+
+    def _defer_completion(self, job: ClaimedJob, ctx: JobContext, result: Any) -> None:
+        # Taken up by the slot's next _next_job(), inside the lock it takes anyway.
+        self._finished_results[job.id] = result
 
     def _take_completions(self) -> list[tuple[ClaimedJob, Any]]:
         with self._lock:
@@ -152,11 +248,7 @@ class Pool:
             self._record_completions(completions, [])
 
     def _record_completions(self, completions: list[tuple[ClaimedJob, Any]], claim: list[int]) -> list[ClaimedJob]:
-        """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction.
-
-        Finished jobs wait here at most one dispatcher cycle (a few milliseconds); a crash in that
-        window re-runs them once their lease expires, as at-least-once delivery allows.
-        """
+        """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction."""
         runtime = self.runtime
         leases = [(job.id, job.claim_token) for job, _ in completions]
         limit, now = claim if claim else (0, 0)
@@ -172,10 +264,9 @@ class Pool:
             # still there (re-claimed under a newer token) means our lease was lost.
             present = runtime.store.retrying("check completions", lambda d: d.existing_ids(missing))
             done = done | (set(missing) - present)
-        for job, result in completions:
-            if job.id in done:
-                self.executor.finished(job, result)
-            else:
+        self.executor.finished_many([(job, result) for job, result in completions if job.id in done])
+        for job, _ in completions:
+            if job.id not in done:
                 logger.warning(
                     "durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name
                 )
@@ -190,36 +281,71 @@ class Pool:
 
     # --- slots -------------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _next_job(self, finished: Running | None) -> Running | None:
+        """Retire the slot's finished job and take the next buffered one; None when this thread should end.
+
+        One critical section does both, as this runs once per job. A job an operator cancelled
+        while it waited in the buffer starts with its stop request set, and is never run.
+        """
         runtime = self.runtime
-        idle_since = 0.0
-        while True:
-            job = self._inbox.get()
-            if job is None:
-                break
-            if time.monotonic() - idle_since > IDLE_CHECK_S:
-                _drop_dead_connections()
+        flush = False
+        with self._has_ready:
+            if finished is not None:
+                self._running.pop(finished.job.id, None)
+                result = self._finished_results.pop(finished.job.id, _UNFINISHED)
+                if finished.abandoned:
+                    return None  # a replacement thread already took this slot
+                self._busy -= 1
+                if result is not _UNFINISHED:
+                    self._completions.append((finished.job, result))
+                    pending = len(self._completions)
+                    if pending == 1:
+                        self._completions_since = time.monotonic()
+                    flush = pending == 1 or pending == FLUSH_BATCH
+            # Once claiming stops, buffered jobs are no longer started: the dispatcher hands them back.
+            while not self._ready or runtime.stop_claiming.is_set():
+                if self._closing:
+                    return None
+                self.kick.set()  # a free slot (and maybe a completion): the dispatcher may act
+                self._has_ready.wait()
+            job = self._ready.popleft()
+            self._busy += 1
+            left = len(self._ready)
             ctx = JobContext(
                 job, worker_id=runtime.worker_id, store=runtime.store, clock=runtime.clock, shutdown=runtime.shutdown
             )
-            entry = Running(job, ctx)
-            with self._lock:
-                self._running[job.id] = entry
+            if self._cancel_before_start and job.id in self._cancel_before_start:
+                self._cancel_before_start.discard(job.id)
+                ctx.stop_requested = True
+            entry = self._running[job.id] = Running(job, ctx)
+        if flush or left == 0 or left == self._low_water:
+            self.kick.set()  # completions to record, or the buffer needs refilling
+        return entry
+
+    def _work(self) -> None:
+        runtime = self.runtime
+        idle_since = 0.0
+        slot_connections = SlotConnections()
+        entry: Running | None = None
+        while True:
+            entry = self._next_job(entry)
+            if entry is None:
+                break
+            started = time.monotonic()
+            if started - idle_since > IDLE_CHECK_S:
+                slot_connections.after_idle()
             outcome = "error"
             try:
-                outcome = self.executor.run(job, ctx)
+                outcome = self.executor.run(entry.job, entry.ctx)
             except BaseException:  # the database stayed down past every retry
-                logger.exception("durq: could not record the outcome of job %s; its lease will expire", job.id)
-            _tidy_connections()
+                logger.exception("durq: could not record the outcome of job %s; its lease will expire", entry.job.id)
+            slot_connections.tidy()
             idle_since = time.monotonic()
-            with self._lock:
-                self._running.pop(job.id, None)
-                if not entry.abandoned:
-                    self._busy -= 1
-            if entry.abandoned:
-                return  # a replacement thread already took this slot
-            runtime.job_done(outcome)
-            self.kick.set()
+            took = idle_since - started
+            mean = self._mean_job_s
+            self._mean_job_s = took if mean is None else mean + (took - mean) / 8
+            if not entry.abandoned:
+                runtime.job_done(outcome)
 
     def reap_timeouts(self, now: int) -> None:
         """Fail attempts that ran past their timeout and give their slot to a fresh thread.
@@ -244,28 +370,41 @@ class Pool:
             self.kick.set()
 
 
-def _drop_dead_connections() -> None:
-    """Close connections the server dropped while this slot was idle, before a handler gets them.
+class SlotConnections:
+    """One slot thread's database connections, kept in hand between jobs.
 
-    A server restart, a failover or ``idle_session_timeout`` kills idle connections; without this
-    check the next handler on every slot would fail its attempt on its first query.
+    Asking Django's thread-local for each connection after every job costs more than a short
+    job itself, so a slot looks the wrappers up once (no connection is opened by that) and
+    again after it has been idle. Wrappers outlive ``close()``: Django reconnects them on use.
     """
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
-            connection.close()
 
+    def __init__(self) -> None:
+        self.wrappers: list[BaseDatabaseWrapper] = []
 
-def _tidy_connections() -> None:
-    """Drop connections a handler broke or left inside a transaction; keep healthy ones open.
+    def after_idle(self) -> None:
+        """Close connections the server dropped while this slot was idle, before a handler gets them.
 
-    Unlike ``close_old_connections()``, a healthy connection survives between jobs even with
-    ``CONN_MAX_AGE = 0``: reconnecting for every job would cost more than most jobs.
-    """
-    for connection in connections.all(initialized_only=True):
-        if connection.in_atomic_block:
-            logger.warning("durq: a handler left a transaction open on %r; rolling it back", connection.alias)
-            connection.close()
-        elif connection.errors_occurred and not connection.is_usable():
-            connection.close()
-        elif connection.close_at is not None and connection.settings_dict["CONN_MAX_AGE"]:
-            connection.close_if_unusable_or_obsolete()
+        A server restart, a failover or ``idle_session_timeout`` kills idle connections; without
+        this check the next handler on every slot would fail its attempt on its first query.
+        """
+        self.wrappers = [connections[alias] for alias in connections]
+        for connection in self.wrappers:
+            if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
+                connection.close()
+
+    def tidy(self) -> None:
+        """Drop connections a handler broke or left inside a transaction; keep healthy ones open.
+
+        Unlike ``close_old_connections()``, a healthy connection survives between jobs even with
+        ``CONN_MAX_AGE = 0``: reconnecting for every job would cost more than most jobs.
+        """
+        for connection in self.wrappers:
+            if connection.connection is None:
+                continue
+            if connection.in_atomic_block:
+                logger.warning("durq: a handler left a transaction open on %r; rolling it back", connection.alias)
+                connection.close()
+            elif connection.errors_occurred and not connection.is_usable():
+                connection.close()
+            elif connection.close_at is not None and connection.settings_dict["CONN_MAX_AGE"]:
+                connection.close_if_unusable_or_obsolete()

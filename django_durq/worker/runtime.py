@@ -76,17 +76,17 @@ class Runtime:
         if self.max_jobs is not None and done >= self.max_jobs:
             self.request_stop(f"--max-jobs {self.max_jobs} reached")
 
-    def count(self, queue: str, outcome: str) -> None:
+    def count(self, queue: str, outcome: str, n: int = 1) -> None:
         minute = self.clock.now_ms() // 60_000 * 60_000
         with self._lock:
             row = self._stats.setdefault((queue, minute), [0, 0, 0])
             if outcome == FINISHED:
-                row[0] += 1
+                row[0] += n
             elif outcome == RETRYING:
-                row[1] += 1
+                row[1] += n
             elif outcome == DEAD:
-                row[1] += 1
-                row[2] += 1
+                row[1] += n
+                row[2] += n
 
     def take_stats(self) -> list[tuple[str, int, int, int, int]]:
         with self._lock:
