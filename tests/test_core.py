@@ -161,6 +161,17 @@ def test_enqueue_many_is_one_insert(clock):
     assert Job.objects.count() == 40
 
 
+def test_enqueue_many_returns_each_job_as_stored(clock):
+    created = jobs.noop.using(priority=3, queue="bulk").enqueue_many([{"n": i, "pad": "x" * (i % 7)} for i in range(1500)])
+    stored = {row.pk: row for row in Job.objects.all()}
+    assert len(stored) == 1500 and [job.pk for job in created] == sorted(stored)
+    for job in created:
+        row = stored[job.pk]
+        assert (job.arguments, job.queue, job.priority, job.status) == (row.arguments, "bulk", 3, Status.WAITING)
+        assert job.kwargs["pad"] == "x" * (job.kwargs["n"] % 7) and not job._state.adding
+    assert [job.kwargs["n"] for job in created] == list(range(1500))
+
+
 # --- claiming order, delays -------------------------------------------------------------------
 
 

@@ -117,6 +117,27 @@ class Dialect:
             cursor.execute(f"INSERT INTO {JOB} ({columns}) VALUES ({marks})", list(values.values()))
             return int(cursor.lastrowid)
 
+    @property
+    def returns_bulk_insert_ids(self) -> bool:
+        """A multi-row INSERT can hand back the new ids, in order (``insert_jobs`` works)."""
+        return bool(self.connection.features.can_return_rows_from_bulk_insert)
+
+    def insert_jobs(self, values: dict[str, Any], arguments: Sequence[str]) -> list[int]:
+        """Insert one job per arguments text, every other column from ``values``; ids in that order."""
+        columns = [*values, "arguments"]
+        max_params = self.connection.features.max_query_params or 65_535
+        per_statement = max(1, min(500, max_params // len(columns)))
+        row_marks = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        common = list(values.values())
+        ids: list[int] = []
+        for start in range(0, len(arguments), per_statement):
+            chunk = arguments[start : start + per_statement]
+            params = [value for text in chunk for value in (*common, text)]
+            marks = ", ".join([row_marks] * len(chunk))
+            sql = f"INSERT INTO {JOB} ({', '.join(columns)}) VALUES {marks} RETURNING id"
+            ids.extend(row[0] for row in self.fetchall(sql, params))
+        return ids
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)

@@ -90,6 +90,17 @@ class PostgreSQLDialect(Dialect):
             params += [NOTIFY_CHANNEL, values["queue"]]
         return int(self.fetchall(sql, params)[0][0])
 
+    def insert_jobs(self, values: dict[str, Any], arguments: Sequence[str]) -> list[int]:
+        # The arguments travel as one array, so the statement stays short for any count. Rows go
+        # in array order and the id sequence numbers them in that order, so sorted ids match it.
+        columns = ", ".join(values)
+        marks = ", ".join(["%s"] * len(values))
+        sql = (
+            f"INSERT INTO {JOB} ({columns}, arguments) SELECT {marks}, a"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS t(a, n) ORDER BY n RETURNING id"
+        )
+        return sorted(row[0] for row in self.fetchall(sql, [*values.values(), list(arguments)]))
+
     def notify(self, queues: Sequence[str]) -> None:
         # NOTIFY is transactional: inside atomic() it is delivered only if the enqueue commits.
         for queue in sorted(set(queues)):
