@@ -60,8 +60,8 @@ class Store:
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         return self.retrying("claim", lambda d: d.claim(queue, limit, now_ms, worker_id))
 
-    def next_due_ms(self, queue: str) -> int | None:
-        return self.retrying("probe", lambda d: d.next_due_ms(queue))
+    def due_times(self, queue: str) -> tuple[int | None, int | None]:
+        return self.retrying("probe", lambda d: d.due_times(queue))
 
     def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[int, bool]:
         return self.retrying("heartbeat", lambda d: d.renew(leases, now_ms))

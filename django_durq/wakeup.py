@@ -1,37 +1,41 @@
 """In-process wake-up: an enqueue that commits kicks the idle pools of its queue at once.
 
-Pools subscribe an ``Event`` per queue; ``notify`` sets them. Cross-process wake-up
+Pools subscribe a callback per queue. ``notify`` names the queues that got a job, so their
+pools may claim without probing first; ``notify_all`` (a commit somewhere, or a watcher that
+reconnected) only says "look". Cross-process wake-up
 (PostgreSQL LISTEN, SQLite ``data_version``) lives in ``worker/watcher.py`` and ends up here too.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+Wake = Callable[[bool], None]  # called with True when a notification named the queue
 
 _lock = threading.Lock()
-_subscribers: dict[str, set[threading.Event]] = {}
+_subscribers: dict[str, set[Wake]] = {}
 
 
-def subscribe(queue: str, event: threading.Event) -> None:
+def subscribe(queue: str, wake: Wake) -> None:
     with _lock:
-        _subscribers.setdefault(queue, set()).add(event)
+        _subscribers.setdefault(queue, set()).add(wake)
 
 
-def unsubscribe(queue: str, event: threading.Event) -> None:
+def unsubscribe(queue: str, wake: Wake) -> None:
     with _lock:
-        _subscribers.get(queue, set()).discard(event)
+        _subscribers.get(queue, set()).discard(wake)
 
 
 def notify(queues: Iterable[str]) -> None:
     with _lock:
-        events = [event for queue in queues for event in _subscribers.get(queue, ())]
-    for event in events:
-        event.set()
+        wakes = [wake for queue in queues for wake in _subscribers.get(queue, ())]
+    for wake in wakes:
+        wake(True)
 
 
 def notify_all() -> None:
     with _lock:
-        events = [event for events in _subscribers.values() for event in events]
-    for event in events:
-        event.set()
+        wakes = [wake for wakes in _subscribers.values() for wake in wakes]
+    for wake in wakes:
+        wake(False)

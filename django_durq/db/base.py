@@ -148,15 +148,14 @@ class Dialect:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
-    def next_due_ms(self, queue: str) -> int | None:
-        """Earliest time anything in ``queue`` becomes claimable; a read that takes no write lock."""
+    def due_times(self, queue: str) -> tuple[int | None, int | None]:
+        """When ``queue``'s first waiting job is due and its first lease expires; a read that takes no write lock."""
         rows = self.fetchall(
             f"SELECT (SELECT MIN(run_at_ms) FROM {JOB} WHERE queue = %s AND status = 'waiting'),"
             f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running')",
             (queue, queue),
         )
-        candidates = [value for value in rows[0] if value is not None]
-        return min(candidates) if candidates else None
+        return rows[0][0], rows[0][1]
 
     def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[int, bool]:
         """Extend leases; returns {job id: stop requested} for the leases still held."""

@@ -81,6 +81,7 @@ class Pool:
         # Mean handler time per job (seconds), smoothed; decides how far ahead to claim.
         self._mean_job_s: float | None = None
         self._low_water = 0  # a slot that leaves this many buffered jobs kicks the dispatcher
+        self._named = False  # a wake-up named this queue since the dispatcher last looked
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -94,10 +95,16 @@ class Pool:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        wakeup.subscribe(self.queue, self.kick)
+        wakeup.subscribe(self.queue, self._wake)
         for _ in range(self.concurrency):
             self._add_thread()
         self._dispatcher.start()
+
+    def _wake(self, named: bool) -> None:
+        """Called by ``wakeup``; ``named`` when a notification named this queue (a job was queued)."""
+        if named:
+            self._named = True
+        self.kick.set()
 
     def _add_thread(self) -> None:
         thread = threading.Thread(target=self._work, name=f"durq-{self.queue}-{len(self._threads)}", daemon=True)
@@ -176,8 +183,12 @@ class Pool:
                         wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
                     continue
                 now = runtime.clock.now_ms()
-                if refill and probe and not pending:
-                    due = runtime.store.next_due_ms(self.queue)
+                named, self._named = self._named, False
+                # A notification naming this queue means a job was just queued: claim without
+                # probing first. Otherwise probe with a read, so an idle poll takes no write lock.
+                if refill and probe and not pending and not named:
+                    waiting_due, lease_due = runtime.store.due_times(self.queue)
+                    due = min((t for t in (waiting_due, lease_due) if t is not None), default=None)
                     if due is None or due > now:
                         if runtime.burst:
                             if self.held() == 0:
@@ -186,7 +197,8 @@ class Pool:
                         poll_ms = runtime.settings.poll_interval_ms
                         wait_s = max(poll_ms if due is None else min(due - now, poll_ms), 1) / 1000
                         continue
-                    self._bury_expired(now)
+                    if lease_due is not None and lease_due <= now:
+                        self._bury_expired(now)
                 # A flush tops the buffer up too: one transaction both records and claims.
                 limit = runtime.claim_budget(want) if want > 0 else 0
                 jobs = self._record_completions(self._take_completions(), [limit, now] if limit else [])
@@ -200,11 +212,13 @@ class Pool:
                     wait_s = runtime.poll_s
                 if self._completions:
                     wait_s = COMPLETION_HOLD_MS / 1000
+                elif named and not jobs:
+                    wait_s = 0  # another worker was quicker: probe now for the next due time
         except BaseException:
             logger.exception("durq: the dispatcher of queue %r stopped on an unexpected error", self.queue)
             runtime.request_stop("dispatcher failure")
         finally:
-            wakeup.unsubscribe(self.queue, self.kick)
+            wakeup.unsubscribe(self.queue, self._wake)
             self._hand_back_buffer()
             while self.busy() > 0:
                 self.kick.wait(0.05)

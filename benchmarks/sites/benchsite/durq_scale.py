@@ -129,7 +129,7 @@ def claim_cost(n, batch):
     claims, completes, probes = [], [], []
     for _ in range(n):
         t0 = time.perf_counter()
-        store.next_due_ms("default")
+        store.due_times("default")
         t1 = time.perf_counter()
         jobs = store.claim("default", batch, now_ms(), "bench-claim")
         t2 = time.perf_counter()
