@@ -401,6 +401,9 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         out += ["## Scale", "", render.scale_table(lines), ""]
     if "profile" in present:
         out += ["## Where django-durq's worker spends a job", "", profile_section(lines)]
+        findings = render.REPO / "benchmarks" / "profile-findings.md"
+        if findings.exists():
+            out += [findings.read_text().strip(), ""]
     notes = render.skipped(lines)
     if notes:
         out += ["## Skipped", "", *notes, ""]
