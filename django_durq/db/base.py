@@ -74,6 +74,9 @@ class Dialect:
     vendor = ""
     exclusivity = ""
     supports_notify = False
+    # One write lock for the whole database: a worker keeps its write transactions short and
+    # leaves the lock free between them, so the application's own writes get in.
+    serialized_writes = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -47,6 +48,13 @@ COMPLETION_HOLD_MS = 5
 FLUSH_BATCH = 256
 # The most jobs a pool claims beyond its free slots, however short its jobs.
 MAX_AHEAD = 256
+# Where writers are serialized (SQLite) and another connection has written lately: the most jobs
+# claimed in one transaction, and how long the lock is then left free, as a multiple of the time
+# the transaction held it. Without other writers the dispatcher writes back to back.
+SERIALIZED_CLAIM_MAX = 64
+SERIALIZED_GAP_FACTOR = 1.0
+# How long after another connection last wrote the dispatcher keeps sharing the lock that way.
+SHARING_S = 0.25
 
 
 _UNFINISHED = object()
@@ -82,6 +90,11 @@ class Pool:
         self._mean_job_s: float | None = None
         self._low_water = 0  # a slot that leaves this many buffered jobs kicks the dispatcher
         self._named = False  # a wake-up named this queue since the dispatcher last looked
+        self._serialized = runtime.store.dialect.serialized_writes
+        self._write_free_at = 0.0  # monotonic time before which the dispatcher leaves the write lock alone
+        self._sharing_until = 0.0  # another connection wrote lately: share the write lock until then
+        self._seen_version: int | None = None
+        self._read_version: Callable[[], int] | None = None  # PRAGMA data_version on the dispatcher's connection
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -182,6 +195,11 @@ class Pool:
                     if pending:
                         wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
                     continue
+                if self._serialized and self._sharing():
+                    rest_s = self._write_free_at - time.monotonic()
+                    if rest_s > 0:
+                        wait_s = rest_s  # leave the database's single write lock to others a while
+                        continue
                 now = runtime.clock.now_ms()
                 named, self._named = self._named, False
                 # A notification naming this queue means a job was just queued: claim without
@@ -200,8 +218,15 @@ class Pool:
                     if lease_due is not None and lease_due <= now:
                         self._bury_expired(now)
                 # A flush tops the buffer up too: one transaction both records and claims.
+                sharing = self._serialized and time.monotonic() < self._sharing_until
+                if sharing:
+                    want = min(want, SERIALIZED_CLAIM_MAX)
                 limit = runtime.claim_budget(want) if want > 0 else 0
+                write_started = time.monotonic()
                 jobs = self._record_completions(self._take_completions(), [limit, now] if limit else [])
+                if sharing:
+                    finished_at = time.monotonic()
+                    self._write_free_at = finished_at + (finished_at - write_started) * SERIALIZED_GAP_FACTOR
                 runtime.unclaimed(limit - len(jobs))
                 if limit:
                     probe = len(jobs) < limit
@@ -229,6 +254,21 @@ class Pool:
                 self._closing = True
                 self._has_ready.notify_all()
             self.finished.set()
+
+    def _sharing(self) -> bool:
+        """Whether another connection wrote to the database lately (SQLite's ``data_version`` moved)."""
+        try:
+            if self._read_version is None:
+                self._read_version = self.runtime.store.dialect.data_version_reader()  # type: ignore[attr-defined]
+            version = self._read_version()
+        except Exception:  # noqa: BLE001 - the connection was replaced; read through Django this once
+            self._read_version = None
+            version = self.runtime.store.retrying("data version", lambda d: d.data_version())  # type: ignore[attr-defined]
+        now = time.monotonic()
+        if self._seen_version is not None and version != self._seen_version:
+            self._sharing_until = now + SHARING_S
+        self._seen_version = version
+        return now < self._sharing_until
 
     def _hand_back_buffer(self) -> None:
         """Buffered jobs never started: release them for other workers, the attempt not counted."""
