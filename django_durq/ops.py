@@ -126,13 +126,25 @@ def failed(*, queue: str | None = None, limit: int = 50, using: str | None = Non
 
 
 def queue_names(using: str | None = None) -> list[str]:
-    """Queues in settings, in the registry, or holding any row; found by index seeks, not DISTINCT."""
+    """Queues in settings, in the registry, or holding rows; found by index seeks, not DISTINCT.
+
+    Where the queue's indexes are partial (SQLite, PostgreSQL: migration 0002), no one index
+    leads with ``queue`` over every row: the seeks go through the waiting, the running and the
+    finished, dead or cancelled rows, each with an index of its own.
+    """
+    alias = _alias(using)
     names = set(get_settings().queues) | registry.queues()
-    jobs = _jobs(_alias(using)).order_by("queue").values_list("queue", flat=True)
-    last = jobs.first()
-    while last is not None:
-        names.add(last)
-        last = jobs.filter(queue__gt=last).first()
+    jobs = _jobs(alias)
+    if Store(alias).dialect.partial_indexes:
+        scopes = [jobs.filter(status=Status.WAITING), jobs.filter(status=Status.RUNNING), jobs.filter(finished_ms__isnull=False)]
+    else:
+        scopes = [jobs]
+    for scope in scopes:
+        queues = scope.order_by("queue").values_list("queue", flat=True)
+        last = queues.first()
+        while last is not None:
+            names.add(last)
+            last = queues.filter(queue__gt=last).first()
     return sorted(names)
 
 

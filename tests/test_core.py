@@ -486,6 +486,7 @@ def test_queue_indexes_hold_only_the_rows_their_queries_look_for():
     assert "unique_active IS NOT NULL" in definitions["durq_job_unique_active"]
     for name, status in (("durq_job_claim", "waiting"), ("durq_job_due", "waiting"), ("durq_job_lease", "running")):
         assert f"'{status}'" in definitions[name].split("WHERE", 1)[1], name
+    assert "finished_ms IS NOT NULL" in definitions["durq_job_done"]
 
 
 @transactional

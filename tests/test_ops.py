@@ -329,3 +329,14 @@ def test_failed_lists_dead_letters_newest_first():
     make_job("waiting")
     assert [job.pk for job in ops.failed()] == [new.pk, other.pk, old.pk]
     assert [job.pk for job in ops.failed(queue="default", limit=1)] == [new.pk]
+
+
+def test_queue_names_come_from_settings_registry_and_rows_of_every_status():
+    make_job("waiting", queue="adhoc-waiting")
+    make_job("running", queue="adhoc-running", lease_expires_ms=1, claim_token=1)
+    make_job("dead", queue="adhoc-dead")
+    make_job("finished", queue="adhoc-finished")
+    make_job("cancelled", queue="adhoc-cancelled")
+    names = ops.queue_names()
+    assert {"adhoc-waiting", "adhoc-running", "adhoc-dead", "adhoc-finished", "adhoc-cancelled"} <= set(names)
+    assert set(get_settings().queues) <= set(names) and names == sorted(names)

@@ -77,6 +77,8 @@ class Dialect:
     # One write lock for the whole database: a worker keeps its write transactions short and
     # leaves the lock free between them, so the application's own writes get in.
     serialized_writes = False
+    # Migration 0002 made the queue's indexes partial (waiting rows, running rows) here.
+    partial_indexes = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection

@@ -59,6 +59,7 @@ class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     exclusivity = "any number of hosts"
     supports_notify = True
+    partial_indexes = True
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         params = (queue, now_ms, limit, queue, now_ms, limit, limit, worker_id, now_ms, now_ms)

@@ -52,6 +52,7 @@ class SQLiteDialect(Dialect):
     vendor = "sqlite"
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
+    partial_indexes = True
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         params = (worker_id, now_ms, now_ms, queue, now_ms, limit, queue, now_ms, limit, limit)
