@@ -200,6 +200,7 @@ def test_sigterm_lets_short_jobs_finish_and_exits_0(spawn_worker):
     jobs.effect.enqueue_many([{"tag": "short", "sleep": 1.0} for _ in range(4)])
     worker = spawn_worker("--queue", "default:4", "--grace", "10")
     wait_until(lambda: Job.objects.running().count() == 4, 30, "four running jobs")
+    time.sleep(0.3)  # claimed is not yet started: let the slots take the jobs (a claimed, unstarted job is handed back)
     jobs.effect.enqueue_many([{"tag": "queued"} for _ in range(20)])
     signalled = time.time() * 1000
     worker.signal(signal.SIGTERM)
@@ -217,6 +218,7 @@ def test_sigterm_releases_jobs_that_outlive_the_grace(spawn_worker):
     polite = jobs.until_stopped.enqueue(seconds=30, tag="polite")
     worker = spawn_worker("--queue", "default:2", "--grace", "1")
     wait_until(lambda: Job.objects.running().count() == 2, 30, "both jobs running")
+    time.sleep(0.3)  # claimed is not yet started: let the slots take the jobs
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     polite_row = Job.objects.get(pk=polite.pk)

@@ -37,6 +37,7 @@ def test_t15_sigterm_finishes_short_jobs_in_every_pool_and_claims_nothing_new(fa
     ]
     worker = faults.spawn("--queue", "default:2", "--queue", "fast:1", "--queue", "slow:1", "--grace", str(grace))
     wait_until(lambda: Job.objects.running().count() == 4, 60, "a short job running in every slot")
+    time.sleep(0.3)  # claimed is not yet started: let the slots take the jobs (a claimed, unstarted job is handed back)
 
     signalled_ms = time.time() * 1000
     for _ in range(5):  # process managers resend: five TERMs inside half a second change nothing
@@ -58,6 +59,7 @@ def test_t16_sigterm_hands_back_jobs_that_outlive_the_grace(faults, tmp_path):
     stubborn = jobs.stubborn.enqueue(seconds=30)
     worker = faults.spawn("--queue", "default:2", "--grace", "2")
     wait_until(lambda: Job.objects.running().count() == 2, 60, "both jobs running")
+    time.sleep(0.3)  # claimed is not yet started: let the slots take the jobs
     successor = faults.spawn_ready("--queue", "default:2")
 
     worker.signal(signal.SIGTERM)
@@ -84,6 +86,7 @@ def test_t16_second_sigint_exits_at_once_and_the_leases_expire(faults, tmp_path)
     stubborn = jobs.stubborn.enqueue(seconds=30)
     worker = faults.spawn("--queue", "default:2", "--grace", "30")
     wait_until(lambda: Job.objects.running().count() == 2, 60, "both jobs running")
+    time.sleep(0.3)  # claimed is not yet started: let the slots take the jobs
     successor = faults.spawn_ready("--queue", "default:2")
 
     worker.signal(signal.SIGINT)
