@@ -38,4 +38,5 @@ clean:
 # under benchmarks/.venvs. Narrow it with BENCH_ARGS="--only drain --systems durq,huey-sqlite".
 .PHONY: bench
 bench:
+	scripts/system-deps
 	$(PYTHON) -m benchmarks.run --publish $(BENCH_ARGS)

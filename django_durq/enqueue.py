@@ -8,7 +8,8 @@ usable. A dedupe key that is already taken by an active job returns that job
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -35,12 +36,12 @@ def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
 
 def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
     registry.require(definition.name)
-    job = _build(definition, args, kwargs)
+    values = _values(definition, args, kwargs)
     alias = get_settings().database
-    if job.unique_key is None:
-        _insert(job, alias)
+    if values["unique_key"] is None:
+        job = _jobs(values, [(_insert(values, alias), values["arguments"])], alias)[0]
     else:
-        job = _insert_unique(job, alias)
+        job = _insert_unique(values, alias)
         if job.deduplicated:
             return job
     transaction.on_commit(lambda: wakeup.notify([job.queue]), using=alias)
@@ -63,28 +64,18 @@ def enqueue_many(definition: JobDefinition, items: list[dict[str, Any]]) -> list
     alias = get_settings().database
     dialect = dialect_for(connections[alias])
     if not dialect.returns_bulk_insert_ids:
-        created = Job.objects.using(alias).bulk_create([_build(definition, [], dict(item)) for item in items])
+        rows = [Job(**_values(definition, [], dict(item))) for item in items]
+        created = Job.objects.using(alias).bulk_create(rows)
         _wake_on_commit(alias, sorted({job.queue for job in created}))
         return created
     # Every item shares the definition's options: build one row, vary only the arguments, and
-    # insert with multi-row INSERTs, skipping the ORM's per-object compilation.
-    template = _build(definition, [], {})
+    # insert with one statement, skipping the ORM's per-object compilation.
+    values = _values(definition, [], {})
     cap = get_settings().max_payload_bytes
     arguments = [encode_arguments([], item, cap) for item in items]
-    values = {column: getattr(template, column) for column in _INSERTED if column != "arguments"}
-    ids = dialect.insert_jobs(values, arguments)
-    # Positional construction, as Django does for rows it reads, is several times cheaper than keywords.
-    attnames = [field.attname for field in Job._meta.concrete_fields]
-    row: list[Any] = [template.__dict__.get(attname, DEFERRED) for attname in attnames]  # unique_active: computed
-    id_at, arguments_at = attnames.index("id"), attnames.index("arguments")
-    created = []
-    for job_id, text in zip(ids, arguments, strict=True):
-        row[id_at], row[arguments_at] = job_id, text
-        job = Job(*row)  # type: ignore[misc]  # the stubs know only keyword construction
-        job._state.adding = False
-        job._state.db = alias
-        created.append(job)
-    _wake_on_commit(alias, [template.queue])
+    ids = dialect.insert_jobs({column: value for column, value in values.items() if column != "arguments"}, arguments)
+    created = _jobs(values, zip(ids, arguments, strict=True), alias)
+    _wake_on_commit(alias, [values["queue"]])
     return created
 
 
@@ -98,8 +89,9 @@ def on_commit_of(using: str, enqueue_call: Callable[[], Any]) -> None:
     transaction.on_commit(enqueue_call, using=using)
 
 
-def _build(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
-    from .models import Job, Status
+def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The new job's row: every column an enqueue writes, validated; the others are NULL or computed."""
+    from .models import Status
 
     settings = get_settings()
     options = definition.options
@@ -125,23 +117,56 @@ def _build(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -
     priority = options.priority if options.priority is not None else definition.priority
     if not -32768 <= priority <= 32767:
         raise ValueError(f"priority {priority} is out of range (-32768 to 32767)")
-    return Job(
-        name=definition.name,
-        queue=queue,
-        priority=priority,
-        status=Status.WAITING,
-        arguments=encode_arguments(args, kwargs, settings.max_payload_bytes),
-        attempts=0,
-        max_attempts=max_attempts,
-        run_at_ms=run_at,
-        created_ms=created,
-        lease_ms=lease_ms,
-        timeout_ms=timeout_ms,
-        unique_key=unique,
-    )
+    return {
+        "name": definition.name,
+        "queue": queue,
+        "priority": priority,
+        "status": Status.WAITING.value,
+        "arguments": encode_arguments(args, kwargs, settings.max_payload_bytes),
+        "attempts": 0,
+        "max_attempts": max_attempts,
+        "run_at_ms": run_at,
+        "created_ms": created,
+        "lease_ms": lease_ms,
+        "timeout_ms": timeout_ms,
+        "unique_key": unique,
+        "claim_token": 0,
+        "claimed_by": "",
+        "stop_requested": False,
+        "errors": "[]",
+    }
 
 
-def _insert_unique(job: Job, alias: str) -> Job:
+def _jobs(values: dict[str, Any], inserted: Iterable[tuple[int, str]], alias: str) -> list[Job]:
+    """The ``Job`` objects for rows just inserted: ``values`` with each (id, arguments) pair.
+
+    Built positionally, as Django builds rows it reads: keyword construction runs every field's
+    default and costs more than the INSERT itself on SQLite. Columns an enqueue leaves alone are
+    NULL; ``unique_active`` (computed by the database) is deferred and read on first access.
+    """
+    from .models import Job
+
+    attnames = _job_attnames()
+    row = [values.get(attname, DEFERRED if attname == "unique_active" else None) for attname in attnames]
+    id_at, arguments_at = attnames.index("id"), attnames.index("arguments")
+    jobs = []
+    for job_id, arguments in inserted:
+        row[id_at], row[arguments_at] = job_id, arguments
+        job = Job(*row)  # type: ignore[misc]  # the stubs know only keyword construction
+        job._state.adding = False
+        job._state.db = alias
+        jobs.append(job)
+    return jobs
+
+
+@cache
+def _job_attnames() -> list[str]:
+    from .models import Job
+
+    return [field.attname for field in Job._meta.concrete_fields]
+
+
+def _insert_unique(values: dict[str, Any], alias: str) -> Job:
     from .models import ACTIVE_STATUSES, Job
 
     # The savepoint keeps a caller's transaction usable when the key turns out to be taken
@@ -149,47 +174,26 @@ def _insert_unique(job: Job, alias: str) -> Job:
     for _ in range(10):
         try:
             with transaction.atomic(using=alias):
-                _insert(job, alias)
-            return job
+                job_id = _insert(values, alias)
+            return _jobs(values, [(job_id, values["arguments"])], alias)[0]
         except IntegrityError:
-            job.pk = None
             existing = (
-                Job.objects.using(alias).filter(unique_key=job.unique_key, status__in=ACTIVE_STATUSES).order_by("id").first()
+                Job.objects.using(alias)
+                .filter(unique_key=values["unique_key"], status__in=ACTIVE_STATUSES)
+                .order_by("id")
+                .first()
             )
             if existing is not None:
                 existing.deduplicated = True
                 return existing
             # The holder of the key finished between our insert and our look-up: try again.
-    raise IntegrityError(f"could not enqueue with unique key {job.unique_key!r}: it keeps changing hands")
+    raise IntegrityError(f"could not enqueue with unique key {values['unique_key']!r}: it keeps changing hands")
 
 
-# Columns an enqueue writes; the others are NULL or computed (unique_active).
-_INSERTED = (
-    "name",
-    "queue",
-    "priority",
-    "status",
-    "arguments",
-    "attempts",
-    "max_attempts",
-    "run_at_ms",
-    "created_ms",
-    "lease_ms",
-    "timeout_ms",
-    "unique_key",
-    "claim_token",
-    "claimed_by",
-    "stop_requested",
-    "errors",
-)
-
-
-def _insert(job: Job, alias: str) -> None:
-    """Insert ``job`` (and, on PostgreSQL, its wake-up NOTIFY) in one statement; sets its id."""
+def _insert(values: dict[str, Any], alias: str) -> int:
+    """Insert one row (and, on PostgreSQL, its wake-up NOTIFY) in one statement; returns its id."""
     dialect = dialect_for(connections[alias])
-    job.pk = dialect.insert_job({column: getattr(job, column) for column in _INSERTED}, notify=dialect.supports_notify)
-    job._state.adding = False
-    job._state.db = alias
+    return dialect.insert_job(values, notify=dialect.supports_notify)
 
 
 def _wake_on_commit(alias: str, queues: Sequence[str]) -> None:

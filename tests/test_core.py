@@ -172,6 +172,15 @@ def test_enqueue_many_returns_each_job_as_stored(clock):
     assert [queued.kwargs["n"] for queued in created] == list(range(1500))
 
 
+
+def test_enqueue_many_keeps_large_and_unicode_payloads_in_order(clock):
+    # 9 payloads of ~0.9 MB: more bytes than one bulk statement carries on MariaDB (4 MB).
+    texts = [f"{i} 日本語 🎉 \\ \" ' \n" + chr(0x4E00 + i) * 300_000 for i in range(9)]
+    created = jobs.noop.enqueue_many([{"text": text} for text in texts])
+    stored = Job.objects.in_bulk([queued.pk for queued in created])
+    assert [stored[queued.pk].kwargs["text"] for queued in created] == texts
+    assert [queued.pk for queued in created] == sorted(stored)
+
 # --- claiming order, delays -------------------------------------------------------------------
 
 
@@ -572,6 +581,26 @@ def test_importing_the_package_loads_no_model():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "enqueue"
 
+
+
+@pytest.mark.skipif(db_vendor() == "sqlite", reason="a server database's site")
+def test_a_server_database_site_never_loads_sqlite(db):
+    import os
+    import subprocess
+    import sys
+
+    # The sqlite3 module maps SQLite's library: about 1 MB of a worker's memory for nothing.
+    code = (
+        "import sys, django; django.setup()\n"
+        "from django.db import connection\n"
+        "from django_durq.db import dialect_for\n"
+        "dialect_for(connection).due_times('default')\n"
+        "print('sqlite3' in sys.modules)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DURQ_TEST_DB_IN_USE": connection.settings_dict["NAME"]}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
 
 def test_one_name_cannot_serve_two_different_functions():
     def first(ctx):

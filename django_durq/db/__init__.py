@@ -9,27 +9,36 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import ClaimedJob, Dialect, Lease
-from .mysql import MySQLDialect
-from .postgresql import PostgreSQLDialect
-from .sqlite import SQLiteDialect
 
 __all__ = ["ClaimedJob", "Dialect", "Lease", "dialect_for", "exclusivity"]
 
-_DIALECTS: dict[str, type[Dialect]] = {
-    "sqlite": SQLiteDialect,
-    "postgresql": PostgreSQLDialect,
-    "mysql": MySQLDialect,
-}
+# Imported on first use: a site on PostgreSQL never loads the sqlite3 module and its library.
+_DIALECTS: dict[str, type[Dialect]] = {}
 
 
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
-    try:
-        dialect = _DIALECTS[connection.vendor]
-    except KeyError:
-        raise NotImplementedError(
-            f"django-durq supports SQLite, PostgreSQL and MariaDB/MySQL; {connection.alias!r} is {connection.vendor}"
-        ) from None
+    dialect = _DIALECTS.get(connection.vendor)
+    if dialect is None:
+        dialect = _DIALECTS[connection.vendor] = _load(connection)
     return dialect(connection)
+
+
+def _load(connection: BaseDatabaseWrapper) -> type[Dialect]:
+    if connection.vendor == "sqlite":
+        from .sqlite import SQLiteDialect
+
+        return SQLiteDialect
+    if connection.vendor == "postgresql":
+        from .postgresql import PostgreSQLDialect
+
+        return PostgreSQLDialect
+    if connection.vendor == "mysql":
+        from .mysql import MySQLDialect
+
+        return MySQLDialect
+    raise NotImplementedError(
+        f"django-durq supports SQLite, PostgreSQL and MariaDB/MySQL; {connection.alias!r} is {connection.vendor}"
+    )
 
 
 def exclusivity(alias: str | None = None) -> str:

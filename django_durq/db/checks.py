@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -13,6 +12,8 @@ MIN_MYSQL = (8, 0, 1)
 
 
 def sqlite_version() -> tuple[int, ...]:
+    import sqlite3  # only on SQLite sites: the module loads the library
+
     return sqlite3.sqlite_version_info
 
 

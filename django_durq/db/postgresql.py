@@ -81,13 +81,14 @@ class PostgreSQLDialect(Dialect):
             )
 
     def insert_job(self, values: dict[str, Any], notify: bool) -> int:
-        # The NOTIFY rides in the INSERT's own statement: one round trip and one commit, not two.
+        # The NOTIFY rides in the INSERT's RETURNING list: one round trip and one commit, and
+        # cheaper for the server than a CTE around the INSERT.
         columns = ", ".join(values)
         marks = ", ".join(["%s"] * len(values))
         sql = f"INSERT INTO {JOB} ({columns}) VALUES ({marks}) RETURNING id"
         params: list[Any] = list(values.values())
         if notify:
-            sql = f"WITH job AS ({sql}) SELECT id, pg_notify(%s, %s) FROM job"
+            sql += ", pg_notify(%s, %s)"
             params += [NOTIFY_CHANNEL, values["queue"]]
         return int(self.fetchall(sql, params)[0][0])
 

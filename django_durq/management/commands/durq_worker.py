@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import sys
 import time
@@ -19,6 +21,19 @@ from ...worker import Supervisor
 from ...worker.runtime import Runtime
 
 USAGE_ERROR = 2
+
+
+def _release_startup_memory() -> None:
+    """Hand back to the OS what start-up (imports, system checks) allocated and freed.
+
+    A worker lives for days; without this, the freed pages stay in its RSS (about 1 MB). glibc
+    only: elsewhere the memory stays with the process, as it would anyway.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 def parse_queue_spec(spec: str, default_size: int) -> tuple[str, int]:
@@ -74,6 +89,7 @@ class Command(BaseCommand):
             raise ValueError(problems[0])
         _configure_logging(options["verbosity"])
         self._run_checks(settings.database)
+        _release_startup_memory()
 
         supervisor = Supervisor(
             queues,
