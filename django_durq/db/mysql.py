@@ -37,6 +37,10 @@ FOR UPDATE SKIP LOCKED
 _INSERT_ROWS = 1_000
 _INSERT_CHARS = 2_000_000
 
+# What the wake-up watcher polls on MariaDB/MySQL, which have no LISTEN/NOTIFY: a new committed
+# row raises it. One primary-key seek, read in autocommit, so each read sees the latest commits.
+NEWEST_JOB = f"SELECT MAX(id) FROM {JOB}"
+
 # Deadlock found; lock wait timeout: both roll back the statement and are safe to retry.
 _LOCK_ERRNOS = {1213, 1205}
 
