@@ -14,12 +14,13 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 
-from django_durq import admin as admin_module
-from django_durq.admin import CappedCountPaginator, throughput_chart
+from django_durq import queue_admin
+from django_durq.admin import CappedCountPaginator
 from django_durq.clock import now_ms
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
 from django_durq.ops import format_age as age
+from django_durq.queue_admin import throughput_chart
 from tests.test_ops import make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_admin")]
@@ -272,7 +273,7 @@ def test_queues_page_counts_workers_and_chart(superuser):
 
 
 def test_queues_page_counts_stop_at_the_cap(superuser, monkeypatch):
-    monkeypatch.setattr(admin_module, "COUNT_CAP", 2)
+    monkeypatch.setattr(queue_admin, "COUNT_CAP", 2)
     for _ in range(3):
         dead_letter(queue="slow")
     page = text(superuser.get(QUEUES))

@@ -1,0 +1,121 @@
+"""The admin's Queues page: per-queue counts, oldest wait, live workers and the last hour's throughput."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils import timezone
+from django.utils.dateformat import format as date_format
+
+from . import ops
+from .admin import COUNT_CAP
+from .clock import ms_to_datetime, now_ms
+from .models import Queue
+from .ops import format_age as age
+from .ops import local_time as when
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    """The Queues page: counts, oldest wait, live workers and the last hour's throughput."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        return [path("", self.admin_site.admin_view(self.dashboard_view), name="django_durq_queue_changelist")]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        now = now_ms()
+        rows = ops.stats(now_ms=now, count_cap=COUNT_CAP)
+        workers = [
+            {
+                "worker": worker,
+                "queues": ops.worker_queues(worker),
+                "started": when(worker.started_ms),
+                "seen": age(now - worker.last_seen_ms),
+            }
+            for worker in ops.live_workers(now_ms=now)
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queues",
+            "opts": self.opts,
+            "rows": [
+                {
+                    "stats": row,
+                    "oldest": age(row.oldest_wait_ms),
+                    **{state: _capped(getattr(row, state)) for state in ("waiting", "delayed", "running", "dead")},
+                }
+                for row in rows
+            ],
+            "workers": workers,
+            "chart": throughput_chart(ops.throughput(now_ms=now)),
+            "now": when(now),
+        }
+        return TemplateResponse(request, "admin/django_durq/queue/dashboard.html", context)
+
+
+def _capped(count: int) -> str:
+    return f"more than {COUNT_CAP:,}" if count > COUNT_CAP else f"{count:,}"
+
+
+def throughput_chart(buckets: list[ops.Bucket]) -> dict[str, Any]:
+    """Geometry of the Queues page's SVG bar chart: finished (below) and failed (stacked above) per minute."""
+    left, top, plot_width, plot_height, bottom = 48, 8, 720, 160, 24
+    slot = plot_width / max(len(buckets), 1)
+    peak = max((bucket.finished + bucket.failed for bucket in buckets), default=0)
+    step = next(s * 10**k for k in range(12) for s in (1, 2, 5) if 4 * s * 10**k >= peak)
+    scale = 4 * step
+    base = top + plot_height
+    bars = []
+    for index, bucket in enumerate(buckets):
+        finished_h = bucket.finished / scale * plot_height
+        failed_h = bucket.failed / scale * plot_height
+        bars.append(
+            {
+                "x": round(left + index * slot + 1, 1),
+                "width": round(slot - 2, 1),
+                "finished_y": round(base - finished_h, 1),
+                "finished_h": round(finished_h, 1),
+                "failed_y": round(base - finished_h - failed_h, 1),
+                "failed_h": round(failed_h, 1),
+                "title": f"{clock_time(bucket.minute_ms)}: {bucket.finished} finished, {bucket.failed} failed",
+            }
+        )
+    labels = [*range(0, len(buckets), 15), len(buckets) - 1]
+    return {
+        "width": left + plot_width + 16,
+        "height": base + bottom,
+        "left": left,
+        "right": left + plot_width,
+        "base": base,
+        "bars": bars,
+        "grid": [{"y": round(base - i * step / scale * plot_height, 1), "label": f"{i * step:,}"} for i in range(5)],
+        "times": [
+            {"x": round(left + index * slot + slot / 2, 1), "label": clock_time(buckets[index].minute_ms)}
+            for index in sorted(set(labels))
+            if buckets
+        ],
+        "finished": sum(bucket.finished for bucket in buckets),
+        "failed": sum(bucket.failed for bucket in buckets),
+    }
+
+
+def clock_time(ms: int) -> str:
+    moment = ms_to_datetime(ms)
+    assert moment is not None
+    return date_format(timezone.localtime(moment), "H:i")
