@@ -94,9 +94,11 @@ class Watcher:
             wakeup.notify_all()  # anything enqueued before we looked
             while not self.stopped.wait(MYSQL_CHECK_S):
                 current = newest()
-                if current != last:
-                    last = current
+                # Only a rise means a new job: the highest id also falls when a finished job
+                # is deleted, and that should not wake every idle pool for nothing.
+                if current is not None and (last is None or current > last):
                     wakeup.notify_all()
+                last = current
         finally:
             raw.close()
 

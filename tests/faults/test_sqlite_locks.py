@@ -20,7 +20,7 @@ import pytest
 from django.db import connection, connections
 
 from django_durq.clock import now_ms
-from django_durq.models import Job
+from django_durq.models import Job, WorkerProcess
 from tests.conftest import wait_until
 from tests.ledger import checker, jobs
 from tests.ledger.models import Effect
@@ -73,7 +73,6 @@ MODES = [
 def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, journal, transactions):
     # A rollback-journal commit waits for the disk (~66 commits/s on the CI machine).
     total, processes = size(600 if journal == "wal" else 300, 10_000), size(4, 8)
-    queued = jobs.effect.using(lease=30).enqueue_many([{"tag": "drain"} for _ in range(total)])
     with journal_mode(journal) as env:
         env = {**env, **LONG_LEASE, **DELETE_FINISHED, "DURQ_SQLITE_TRANSACTION_MODE": transactions}
         web = None
@@ -81,6 +80,11 @@ def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, 
             # T05: the web app writes 50 rows/s to the same file during the drain.
             web = faults.helper("-m", "tests.faults.webapp", "--seconds", "600", "--rate", "50", env=env)
         workers = [faults.spawn("--queue", "default:1", env=env) for _ in range(processes)]
+        # Queued once every process is up and idle, so that they all compete for the jobs: a
+        # worker that started alone could drain them all before the others had started.
+        wait_until(lambda: WorkerProcess.objects.count() == processes, 60, "every worker to register")
+        time.sleep(0.5)
+        queued = jobs.effect.using(lease=30).enqueue_many([{"tag": "drain"} for _ in range(total)])
         wait_until(lambda: Effect.objects.count() >= total, 240, "the drain")
         wait_until(lambda: not Job.objects.active().exists(), 30, "the last completions")
         for worker in workers:
