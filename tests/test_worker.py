@@ -24,11 +24,18 @@ def effects_per_job() -> Counter[int]:
 
 
 def test_six_workers_drain_five_thousand_jobs_exactly_once(spawn_worker):
+    workers = [spawn_worker("--queue", "default:2") for _ in range(6)]
+    # Queued once all six are up and idle: a worker started alone could drain them all first.
+    wait_until(lambda: WorkerProcess.objects.count() == 6, 60, "every worker to register")
+    time.sleep(0.5)
     queued = jobs.effect.enqueue_many([{"tag": "load"} for _ in range(5000)])
     ids = {row.pk for row in queued}
-    workers = [spawn_worker("--burst", "--queue", "default:2") for _ in range(6)]
+    wait_until(lambda: Effect.objects.count() >= 5000, 240, "the drain")
+    wait_until(lambda: not Job.objects.exists(), 30, "the last completions")
     for worker in workers:
-        assert worker.wait(timeout=240) == 0, worker.output()
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait(timeout=30) == 0, worker.output()
     counts = effects_per_job()
     assert set(counts) == ids, "every job ran"
     assert max(counts.values()) == 1, "no job ran twice"
