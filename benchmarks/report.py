@@ -336,6 +336,11 @@ def _machine(lines: list[Line]) -> tuple[dict[str, Any], dict[str, dict[str, str
     return machine, versions, loads
 
 
+def _commands(lines: list[Line]) -> dict[str, str]:
+    """The command that started each run, where its lines record it."""
+    return {line["run_id"]: line["command"] for line in sorted(lines, key=lambda line: line["run_id"]) if line.get("command")}
+
+
 def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
     written = charts(lines, img)
     machine, versions, loads = _machine(lines)
@@ -356,6 +361,7 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, {machine.get('memory_gb', '?')} GB; "
         f"kernel {machine.get('kernel', '?')}",
         f"- run(s): {', '.join(run_ids)}; django-durq at {machine.get('durq_revision', '?')}",
+        *[f"- run {run_id}: `{command}`" for run_id, command in _commands(lines).items()],
         f"- load average (1 min) when measurements started: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
         if loads
         else "- load average: -",

@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import platform
+import shlex
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +17,9 @@ from typing import Any
 from ..adapters import Adapter
 from . import databases, envs, procs
 from .redis import RedisServer
+
+# How this run was started, recorded with every line so that the published page can say it.
+COMMAND = shlex.join(["python3", "-m", "benchmarks.run", *sys.argv[1:]])
 
 RESULTS = envs.BENCH_DIR / "results"
 
@@ -85,6 +90,7 @@ class Session:
             "loadavg_before": load_before,
             "loadavg_after": procs.loadavg(),
             "versions": self.versions.get(adapter.env, {}) if adapter else {},
+            "command": COMMAND,
         }
         with self.results_path.open("a") as handle:
             handle.write(json.dumps(line) + "\n")
