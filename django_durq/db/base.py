@@ -8,7 +8,8 @@ over matches no row and so changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,11 @@ class Dialect:
     serialized_writes = False
     # Migration 0002 made the queue's indexes partial (waiting rows, running rows) here.
     partial_indexes = False
+    # Bulk enqueue: a FROM clause that unpacks ``pack_arguments()`` (its one %s) into rows, and
+    # the names of its arguments-text and ordinal columns. Used where ``returns_bulk_insert_ids``.
+    arguments_source = ""
+    argument_column = ""
+    ordinal_column = ""
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -124,24 +130,36 @@ class Dialect:
 
     @property
     def returns_bulk_insert_ids(self) -> bool:
-        """A multi-row INSERT can hand back the new ids, in order (``insert_jobs`` works)."""
+        """An INSERT can hand back the ids of the rows it made, in order (``insert_jobs`` works)."""
         return bool(self.connection.features.can_return_rows_from_bulk_insert)
 
     def insert_jobs(self, values: dict[str, Any], arguments: Sequence[str]) -> list[int]:
-        """Insert one job per arguments text, every other column from ``values``; ids in that order."""
-        columns = [*values, "arguments"]
-        max_params = self.connection.features.max_query_params or 65_535
-        per_statement = max(1, min(500, max_params // len(columns)))
-        row_marks = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        """Insert one job per arguments text, every other column from ``values``; ids in that order.
+
+        One ``INSERT … SELECT`` per chunk, over the texts unpacked from a single parameter (see
+        ``arguments_source``): the statement text is the same for any count, and the driver
+        quotes one parameter instead of a row of them per job. Rows go in ordinal order and the
+        id sequence numbers them in that order, so sorted ids match it.
+        """
+        columns = ", ".join(values)
+        marks = ", ".join(["%s"] * len(values))
+        sql = (
+            f"INSERT INTO {JOB} ({columns}, arguments) SELECT {marks}, {self.argument_column}"
+            f" FROM {self.arguments_source} ORDER BY {self.ordinal_column} RETURNING id"
+        )
         common = list(values.values())
         ids: list[int] = []
-        for start in range(0, len(arguments), per_statement):
-            chunk = arguments[start : start + per_statement]
-            params = [value for text in chunk for value in (*common, text)]
-            marks = ", ".join([row_marks] * len(chunk))
-            sql = f"INSERT INTO {JOB} ({', '.join(columns)}) VALUES {marks} RETURNING id"
-            ids.extend(row[0] for row in self.fetchall(sql, params))
+        for chunk in self.argument_chunks(arguments):
+            ids.extend(sorted(row[0] for row in self.fetchall(sql, [*common, self.pack_arguments(chunk)])))
         return ids
+
+    def pack_arguments(self, arguments: Sequence[str]) -> Any:
+        """The one parameter ``arguments_source`` unpacks: a JSON array of the texts."""
+        return json.dumps(list(arguments))
+
+    def argument_chunks(self, arguments: Sequence[str]) -> Iterable[Sequence[str]]:
+        """The arguments of one bulk enqueue, split into statements: one statement by default."""
+        return [arguments]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         with self.connection.cursor() as cursor:

@@ -53,6 +53,10 @@ _LOCK_ERRNOS = {1213, 1205}
 class MySQLDialect(Dialect):
     vendor = "mysql"
     exclusivity = "any number of hosts"
+    # Bulk enqueue, on MariaDB (≥ 10.6 here; its INSERT can return ids): JSON_TABLE unpacks the texts.
+    arguments_source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY, a LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS jt"
+    argument_column = "jt.a"
+    ordinal_column = "jt.n"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         alias = self.connection.alias
@@ -81,21 +85,20 @@ class MySQLDialect(Dialect):
             jobs.append(job)
         return jobs
 
-    def insert_jobs(self, values: dict[str, Any], arguments: Sequence[str]) -> list[int]:
-        # Used on MariaDB (≥ 10.6 here), whose INSERT can return ids. The arguments texts travel
-        # as one JSON array that JSON_TABLE unpacks in order, so the driver escapes one parameter
-        # per statement instead of a row of them per job. Ids follow the insertion order.
-        columns = ", ".join(values)
-        marks = ", ".join(["%s"] * len(values))
-        sql = (
-            f"INSERT INTO {JOB} ({columns}, arguments) SELECT {marks}, jt.a FROM JSON_TABLE(%s, '$[*]'"
-            " COLUMNS (n FOR ORDINALITY, a LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS jt ORDER BY jt.n RETURNING id"
-        )
-        common = list(values.values())
-        ids: list[int] = []
-        for chunk in _chunks(arguments):
-            ids.extend(sorted(row[0] for row in self.fetchall(sql, [*common, json.dumps(chunk, ensure_ascii=False)])))
-        return ids
+    def pack_arguments(self, arguments: Sequence[str]) -> Any:
+        return json.dumps(list(arguments), ensure_ascii=False)
+
+    def argument_chunks(self, arguments: Sequence[str]) -> Iterator[list[str]]:
+        chunk: list[str] = []
+        size = 0
+        for text in arguments:
+            if chunk and (len(chunk) == _INSERT_ROWS or size + len(text) > _INSERT_CHARS):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(text)
+            size += len(text)
+        if chunk:
+            yield chunk
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:
@@ -110,16 +113,3 @@ class MySQLDialect(Dialect):
         cause = error.__cause__ if error.__cause__ is not None else error
         args: tuple[object, ...] = tuple(getattr(cause, "args", ()))
         return bool(args) and args[0] in _LOCK_ERRNOS
-
-
-def _chunks(arguments: Sequence[str]) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    size = 0
-    for text in arguments:
-        if chunk and (len(chunk) == _INSERT_ROWS or size + len(text) > _INSERT_CHARS):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(text)
-        size += len(text)
-    if chunk:
-        yield chunk

@@ -60,6 +60,9 @@ class PostgreSQLDialect(Dialect):
     exclusivity = "any number of hosts"
     supports_notify = True
     partial_indexes = True
+    arguments_source = "unnest(%s::text[]) WITH ORDINALITY AS t(a, n)"
+    argument_column = "a"
+    ordinal_column = "n"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         params = (queue, now_ms, limit, queue, now_ms, limit, limit, worker_id, now_ms, now_ms)
@@ -92,16 +95,8 @@ class PostgreSQLDialect(Dialect):
             params += [NOTIFY_CHANNEL, values["queue"]]
         return int(self.fetchall(sql, params)[0][0])
 
-    def insert_jobs(self, values: dict[str, Any], arguments: Sequence[str]) -> list[int]:
-        # The arguments travel as one array, so the statement stays short for any count. Rows go
-        # in array order and the id sequence numbers them in that order, so sorted ids match it.
-        columns = ", ".join(values)
-        marks = ", ".join(["%s"] * len(values))
-        sql = (
-            f"INSERT INTO {JOB} ({columns}, arguments) SELECT {marks}, a"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS t(a, n) ORDER BY n RETURNING id"
-        )
-        return sorted(row[0] for row in self.fetchall(sql, [*values.values(), list(arguments)]))
+    def pack_arguments(self, arguments: Sequence[str]) -> Any:
+        return list(arguments)  # a text[]
 
     def notify(self, queues: Sequence[str]) -> None:
         # NOTIFY is transactional: inside atomic() it is delivered only if the enqueue commits.

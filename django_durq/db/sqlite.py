@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease
 
@@ -53,6 +52,9 @@ class SQLiteDialect(Dialect):
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
     partial_indexes = True
+    arguments_source = "json_each(%s)"
+    argument_column = "value"
+    ordinal_column = "key"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         params = (worker_id, now_ms, now_ms, queue, now_ms, limit, queue, now_ms, limit, limit)
@@ -63,14 +65,6 @@ class SQLiteDialect(Dialect):
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _HELD, [json.dumps(leases)]
-
-    def insert_jobs(self, values: dict[str, Any], arguments: Sequence[str]) -> list[int]:
-        # One statement whatever the count: the arguments travel as one JSON array. Rows go in
-        # array order and AUTOINCREMENT numbers them in that order, so sorted ids match it.
-        columns = ", ".join(values)
-        marks = ", ".join(["%s"] * len(values))
-        sql = f"INSERT INTO {JOB} ({columns}, arguments) SELECT {marks}, value FROM json_each(%s) ORDER BY key RETURNING id"
-        return sorted(row[0] for row in self.fetchall(sql, [*values.values(), json.dumps(list(arguments))]))
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

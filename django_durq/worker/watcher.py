@@ -78,12 +78,15 @@ class Watcher:
                 last = version
                 wakeup.notify_all()
 
-    def _watch_mysql(self) -> None:
+    def _own_connection(self) -> Any:
+        """A driver connection of the watcher's own, never one from Django's pool: it is held for good."""
         wrapper = connections[self.alias]
-        # A connection of its own, in autocommit: every read starts a fresh snapshot.
-        raw: Any = wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
+        return wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
+
+    def _watch_mysql(self) -> None:
+        raw = self._own_connection()
         try:
-            raw.autocommit(True)
+            raw.autocommit(True)  # every read starts a fresh snapshot
             cursor = raw.cursor()
 
             def newest() -> Any:
@@ -103,9 +106,7 @@ class Watcher:
             raw.close()
 
     def _listen_postgresql(self) -> None:
-        wrapper = connections[self.alias]
-        # A connection of its own, never one from Django's pool: it stays in LISTEN for good.
-        raw: Any = wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
+        raw = self._own_connection()  # it stays in LISTEN for good
         try:
             raw.autocommit = True
             cursor = raw.cursor()
