@@ -111,7 +111,7 @@ class Executor:
         if reason == CANCELLED:
             return self._cancel(job, ctx, errors)
         if reason == SHUTDOWN and ctx.stop_seen and failure is None:
-            released = self.store.retrying("release", lambda d: d.release([ctx.lease], self.clock.now_ms()))
+            released = self.store.retrying("release", lambda d: d.release([ctx.lease]))
             return RELEASED if released else LOST
         if failure is None:
             return self._finish(job, ctx, definition, result, errors)

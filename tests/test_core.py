@@ -172,7 +172,6 @@ def test_enqueue_many_returns_each_job_as_stored(clock):
     assert [queued.kwargs["n"] for queued in created] == list(range(1500))
 
 
-
 def test_enqueue_many_keeps_large_and_unicode_payloads_in_order(clock):
     # 9 payloads of ~0.9 MB: more bytes than one bulk statement carries on MariaDB (4 MB).
     texts = [f"{i} 日本語 🎉 \\ \" ' \n" + chr(0x4E00 + i) * 300_000 for i in range(9)]
@@ -180,6 +179,7 @@ def test_enqueue_many_keeps_large_and_unicode_payloads_in_order(clock):
     stored = Job.objects.in_bulk([queued.pk for queued in created])
     assert [stored[queued.pk].kwargs["text"] for queued in created] == texts
     assert [queued.pk for queued in created] == sorted(stored)
+
 
 # --- claiming order, delays -------------------------------------------------------------------
 
@@ -457,9 +457,11 @@ def test_a_worker_killed_on_the_last_attempt_makes_a_dead_letter(clock):
 def test_shutdown_release_hands_the_job_back_without_counting_the_attempt(clock):
     queued = jobs.effect.enqueue()
     (held,) = claim("worker-a", clock)
-    assert Store("default").dialect.release([(held.id, held.claim_token)], clock.now_ms()) == 1
+    clock.advance(5_000)
+    assert Store("default").dialect.release([(held.id, held.claim_token)]) == 1
     row = Job.objects.get(pk=queued.pk)
     assert row.status == Status.WAITING and row.attempts == 0 and row.lease_expires_ms is None
+    assert row.run_at_ms == queued.run_at_ms  # still due, and a scheduled job keeps its due time
     assert claim("worker-b", clock)[0].id == queued.pk
 
 
@@ -536,7 +538,6 @@ def test_two_connections_racing_one_key_make_one_job():
     assert Job.objects.count() == rounds
 
 
-
 @pytest.mark.skipif(db_vendor() == "sqlite", reason="SQLite serializes claimers; there is no lock to hold open")
 @transactional
 def test_an_open_claim_locks_only_the_jobs_it_takes(clock):
@@ -570,6 +571,7 @@ def test_an_open_claim_locks_only_the_jobs_it_takes(clock):
         done.set()
         thread.join()
     assert len(first) == 4 and len(second) == 4 and not set(first) & set(second)
+
 
 # --- transactions -------------------------------------------------------------------------------
 
@@ -617,7 +619,6 @@ def test_importing_the_package_loads_no_model():
     assert result.stdout.strip() == "enqueue"
 
 
-
 @pytest.mark.skipif(db_vendor() == "sqlite", reason="a server database's site")
 def test_a_server_database_site_never_loads_sqlite(db):
     import os
@@ -636,6 +637,7 @@ def test_a_server_database_site_never_loads_sqlite(db):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
 
 def test_one_name_cannot_serve_two_different_functions():
     def first(ctx):

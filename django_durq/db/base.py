@@ -253,14 +253,17 @@ class Dialect:
             == 1
         )
 
-    def release(self, leases: Sequence[Lease], now_ms: int) -> int:
-        """Hand jobs back at shutdown, due now; the interrupted attempt is not counted."""
+    def release(self, leases: Sequence[Lease]) -> int:
+        """Hand jobs back at shutdown; the interrupted attempt is not counted.
+
+        The due time stays as it was: the job was already due, so it is claimable at once and keeps
+        its place in the order, and a scheduled job keeps the due time it was created for.
+        """
         if not leases:
             return 0
         held, params = self.held_many(leases)
         return self.execute(
-            f"UPDATE {JOB} SET status = 'waiting', run_at_ms = %s, lease_expires_ms = NULL, attempts = attempts - 1 WHERE {held}",
-            [now_ms, *params],
+            f"UPDATE {JOB} SET status = 'waiting', lease_expires_ms = NULL, attempts = attempts - 1 WHERE {held}", params
         )
 
     def record_errors(self, lease: Lease, errors: str) -> bool:

@@ -279,7 +279,7 @@ class Pool:
             return
         runtime = self.runtime
         try:
-            released = runtime.store.retrying("release", lambda d: d.release(leases, runtime.clock.now_ms()))
+            released = runtime.store.retrying("release", lambda d: d.release(leases))
         except Exception:  # their leases expire; no job is lost
             logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
             return

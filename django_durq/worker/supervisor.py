@@ -150,7 +150,7 @@ class Supervisor:
             pool.flush_completions()
         leases = [entry.ctx.lease for pool in self.pools for entry in pool.running() if not entry.abandoned]
         if leases:
-            released = runtime.store.retrying("release", lambda d: d.release(leases, runtime.clock.now_ms()))
+            released = runtime.store.retrying("release", lambda d: d.release(leases))
             for pool in self.pools:
                 for entry in pool.running():
                     entry.ctx.lease_lost = True  # whatever the handler does next is not ours to record
