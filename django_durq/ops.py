@@ -18,11 +18,13 @@ from django.db.models import Min, QuerySet, Sum
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 
+from . import presence
 from .clock import ms_to_datetime
 from .clock import now_ms as clock_now_ms
 from .conf import get_settings
 from .enqueue import _wake_on_commit
 from .models import Job, JobQuerySet, QueueStat, Status, WorkerProcess
+from .presence import Liveness
 from .registry import registry
 from .store import Store
 
@@ -149,10 +151,25 @@ def queue_names(using: str | None = None) -> list[str]:
 
 
 def live_workers(*, now_ms: int | None = None, using: str | None = None) -> list[WorkerProcess]:
-    horizon = _now(now_ms) - LIVE_HEARTBEATS * get_settings().heartbeat_interval_ms
-    return list(
-        WorkerProcess.objects.using(_alias(using)).filter(last_seen_ms__gte=horizon).order_by("host", "started_ms", "pid")
-    )
+    """Workers alive now: holding their presence lock (SQLite), or else heartbeating recently.
+
+    A worker whose lock is held is alive however long ago it last wrote (an idle worker on SQLite
+    writes nothing), so it is reported as seen now; one whose lock is released has ended.
+    """
+    alias = _alias(using)
+    now = _now(now_ms)
+    horizon = now - LIVE_HEARTBEATS * get_settings().heartbeat_interval_ms
+    workers = WorkerProcess.objects.using(alias).order_by("host", "started_ms", "pid")
+    if presence.directory(alias) is None:
+        return list(workers.filter(last_seen_ms__gte=horizon))
+    alive = []
+    for worker in workers:
+        state = presence.liveness(alias, worker.worker_id)
+        if state is Liveness.HELD:
+            worker.last_seen_ms = now
+        if state is Liveness.HELD or (state is Liveness.UNKNOWN and worker.last_seen_ms >= horizon):
+            alive.append(worker)
+    return alive
 
 
 def worker_queues(worker: WorkerProcess) -> dict[str, int]:

@@ -2,7 +2,9 @@
 
 A duty is a small object with ``name`` and ``run_once(now_ms) -> dict of counts``. Workers
 compete for one ``DutyLease`` row by compare-and-set; the holder runs every duty each interval
-and renews the lease, and if it dies another worker takes over once the lease expires.
+and renews the lease, and if it dies another worker takes over once the lease expires. On SQLite
+the leader is whoever holds the presence directory's leader lock instead (see ``presence.py``):
+no row to renew, and a dead leader's lock is free the moment its process ends.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 
+from .. import presence
 from ..models import DutyLease, WorkerProcess
+from ..presence import Liveness
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -43,7 +47,11 @@ def register_duty(factory: Callable[[Runtime], Duty]) -> Callable[[Runtime], Dut
 
 
 class StaleWorkers:
-    """Removes rows of worker processes that stopped heartbeating (killed, host lost)."""
+    """Removes rows of worker processes that have ended: lock released, or heartbeats stopped.
+
+    A worker whose presence lock is released is gone at once (killed, crashed); one without a
+    lock file (PostgreSQL, MariaDB) is gone once it has missed ten heartbeats (killed, host lost).
+    """
 
     name = "stale-workers"
 
@@ -51,13 +59,26 @@ class StaleWorkers:
         self.runtime = runtime
 
     def run_once(self, now_ms: int) -> dict[str, int]:
+        alias = self.runtime.settings.database
         horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
-        workers = WorkerProcess.objects.using(self.runtime.settings.database)
+        workers = WorkerProcess.objects.using(alias)
         # Read first: on SQLite even a DELETE that matches nothing takes the write lock.
-        stale = list(workers.filter(last_seen_ms__lt=horizon).values_list("worker_id", flat=True)[:100])
-        if not stale:
-            return {"removed": 0}
-        deleted, _ = workers.filter(worker_id__in=stale, last_seen_ms__lt=horizon).delete()
+        ended: list[str] = []
+        if presence.directory(alias) is None:
+            silent = list(workers.filter(last_seen_ms__lt=horizon).values_list("worker_id", flat=True)[:100])
+        else:
+            silent = []
+            for worker_id, seen_ms in workers.values_list("worker_id", "last_seen_ms"):
+                state = presence.liveness(alias, worker_id)
+                if state is Liveness.RELEASED:
+                    ended.append(worker_id)
+                elif state is Liveness.UNKNOWN and seen_ms < horizon:
+                    silent.append(worker_id)
+        deleted = 0
+        if ended or silent:
+            # A silent row is removed only if it is still silent: its worker may have just beaten.
+            deleted, _ = workers.filter(Q(worker_id__in=ended) | Q(worker_id__in=silent, last_seen_ms__lt=horizon)).delete()
+        presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
         return {"removed": deleted}
 
 
@@ -116,10 +137,13 @@ class MaintenanceRunner:
     def run_once(self, now_ms: int) -> dict[str, dict[str, int]] | None:
         """Run every duty if this worker holds the lease; None when another worker does."""
         runtime = self.runtime
-        ttl = max(10 * INTERVAL_MS, 3 * runtime.settings.heartbeat_interval_ms)
-        held = runtime.store.retrying(
-            "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, ttl)
-        )
+        if runtime.presence is not None:
+            held = runtime.presence.lead()  # an OS lock: leading costs no write
+        else:
+            ttl = max(10 * INTERVAL_MS, 3 * runtime.settings.heartbeat_interval_ms)
+            held = runtime.store.retrying(
+                "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, ttl)
+            )
         if not held:
             return None
         results: dict[str, dict[str, int]] = {}

@@ -44,6 +44,7 @@ class Monitor:
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="durq-monitor", daemon=True)
         self._last_beat = 0
+        self._recorded_done = 0  # registering wrote the row with no jobs done
 
     def start(self) -> None:
         self._thread.start()
@@ -96,11 +97,15 @@ class Monitor:
         stats = runtime.take_stats()
         if stats:
             runtime.store.retrying("stats", lambda d: d.add_stats(stats))
+        if runtime.presence is not None and runtime.jobs_done == self._recorded_done:
+            return  # the presence lock says this worker is alive: an idle worker writes nothing
+        done = runtime.jobs_done
         runtime.store.retrying(
             "worker heartbeat",
             lambda d: (
                 WorkerProcess.objects.using(runtime.settings.database)
                 .filter(worker_id=runtime.worker_id)
-                .update(last_seen_ms=now, jobs_done=runtime.jobs_done)
+                .update(last_seen_ms=now, jobs_done=done)
             ),
         )
+        self._recorded_done = done

@@ -11,6 +11,7 @@ from collections import defaultdict
 from ..clock import Clock
 from ..conf import DurqSettings
 from ..executor import DEAD, FINISHED, RETRYING
+from ..presence import Presence
 from ..store import Store
 
 
@@ -32,6 +33,8 @@ class Runtime:
         self.clock = clock
         self.store = Store(settings.database)
         self.worker_id = worker_id or new_worker_id()
+        # Set while the process runs where the OS can vouch that it is alive (SQLite): see presence.py.
+        self.presence: Presence | None = None
         self.burst = burst
         self.max_jobs = max_jobs
         self.poll_s = settings.poll_interval_ms / 1000

@@ -26,6 +26,7 @@ from ..conf import DurqSettings
 from ..db import dialect_for
 from ..db.checks import database_now_ms
 from ..models import WorkerProcess
+from ..presence import Presence
 from .maintenance import MaintenanceRunner
 from .monitor import Monitor
 from .pool import Pool
@@ -98,6 +99,8 @@ class Supervisor:
             dialect.exclusivity,
         )
         self._warn_about_clock_skew()
+        # The lock is held before the row exists, so a row with a released lock is a dead worker's.
+        runtime.presence = Presence.announce(alias, runtime.worker_id)
         self._register()
         self.watcher.start()
         for pool in self.pools:
@@ -123,6 +126,8 @@ class Supervisor:
             self.monitor.flush(runtime.clock.now_ms())
             self.watcher.stop()
             self._unregister()
+            if runtime.presence is not None:
+                runtime.presence.withdraw()
             connections.close_all()
         logger.info(
             "durq: worker %s stopped (%s); %d jobs done",
