@@ -13,7 +13,7 @@ buttons and actions that need the change (retry, cancel) or delete (purge) permi
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -30,7 +30,7 @@ from django.utils.text import Truncator
 
 from . import ops
 from .conf import get_settings
-from .models import DeadLetter, Job, Status
+from .models import DeadLetter, Job, JobQuerySet, Status
 from .ops import format_age as age
 from .ops import local_time as when
 from .registry import registry
@@ -307,7 +307,7 @@ class DeadLetterAdmin(JobAdmin):
     actions = ["retry_selected", "purge_selected"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).filter(status=Status.DEAD)
+        return cast(JobQuerySet, super().get_queryset(request)).dead()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return admin.ModelAdmin.has_delete_permission(self, request, obj)

@@ -48,7 +48,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status=Status.RUNNING)
 
     def dead(self) -> JobQuerySet:
-        return self.filter(status=Status.DEAD)
+        # A dead job always has finished_ms; saying so lets SQLite and PostgreSQL use the index
+        # on (status, finished_ms), which holds only rows that have one.
+        return self.filter(status=Status.DEAD, finished_ms__isnull=False)
 
     def finished(self) -> JobQuerySet:
         return self.filter(status=Status.FINISHED)
@@ -99,7 +101,8 @@ class Job(models.Model):
             models.Index(fields=["queue", "status", "-priority", "run_at_ms", "id"], name="durq_job_claim"),
             # Serves "when is the next job due" (the idle probe) without scanning priorities.
             models.Index(fields=["queue", "status", "run_at_ms"], name="durq_job_due"),
-            # Serves the dead-letter page, retention and purge by age.
+            # Serves the dead-letter page, retention and purge by age. On SQLite and PostgreSQL
+            # it holds only finished, dead and cancelled rows (migration 0002).
             models.Index(fields=["status", "finished_ms"], name="durq_job_status_finished"),
         ]
         constraints = [
