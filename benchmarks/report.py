@@ -356,6 +356,11 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         "Every figure is the median over repeats, with min–max in brackets; each repeat starts fresh processes on a "
         "freshly created database. Ratios compare medians measured in the same run.",
         "",
+        "Each system is configured as its own documentation recommends, otherwise left at its defaults "
+        "(`benchmarks/sites/benchsite/settings.py`): persistent connections for every Django database, SQLite in WAL "
+        "with `synchronous=NORMAL`, and for django-durq on PostgreSQL server-side binding with prepared statements "
+        "(its PostgreSQL guide; Django's default leaves them off).",
+        "",
         "## Machine and versions",
         "",
         f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, {machine.get('memory_gb', '?')} GB; "

@@ -97,21 +97,34 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(module, "GLOBAL", False):
                 module.run_global(session, wanted_databases)
                 continue
-            for system in systems:
-                adapter = SYSTEMS[system]
-                for database in adapter.databases:
-                    if database not in wanted_databases or not module.applies(adapter, database):
-                        continue
-                    session.say(f"-- {name}: {adapter.label} on {database}")
-                    try:
-                        session.check_database(adapter, database)
-                        module.run(session, adapter, database)
-                    except Skip as skip:
-                        session.say(f"   skipped: {skip}")
-                        session.record(name, adapter, database, {}, 0, {"skipped": str(skip)}, procs.loadavg())
-                    except (RuntimeError, subprocess.SubprocessError, OSError) as error:
-                        session.say(f"   FAILED: {error}")
-                        session.record(name, adapter, database, {}, 0, {"error": str(error)[-3000:]}, procs.loadavg())
+            # An interleaved workload measures every system once per round, so that a drift of the
+            # machine over the run (a disk's flush rate) weighs on every system alike.
+            rounds = range(session.options.repeats) if getattr(module, "INTERLEAVED", False) else [None]
+            failed: set[tuple[str, str]] = set()
+            for round_ in rounds:
+                for system in systems:
+                    adapter = SYSTEMS[system]
+                    for database in adapter.databases:
+                        if database not in wanted_databases or not module.applies(adapter, database):
+                            continue
+                        if (system, database) in failed:
+                            continue
+                        which = "" if round_ is None else f" (round {round_ + 1} of {len(rounds)})"
+                        session.say(f"-- {name}: {adapter.label} on {database}{which}")
+                        try:
+                            session.check_database(adapter, database)
+                            if round_ is None:
+                                module.run(session, adapter, database)
+                            else:
+                                module.run(session, adapter, database, round_)
+                        except Skip as skip:
+                            failed.add((system, database))
+                            session.say(f"   skipped: {skip}")
+                            session.record(name, adapter, database, {}, 0, {"skipped": str(skip)}, procs.loadavg())
+                        except (RuntimeError, subprocess.SubprocessError, OSError) as error:
+                            failed.add((system, database))
+                            session.say(f"   FAILED: {error}")
+                            session.record(name, adapter, database, {}, 0, {"error": str(error)[-3000:]}, procs.loadavg())
     finally:
         session.close()
     session.say(f"[done] {time.monotonic() - started:.0f} s; results in {session.results_path}")

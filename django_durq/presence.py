@@ -14,6 +14,7 @@ directory, and heartbeat rows stay the evidence that a worker is alive.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -61,11 +62,18 @@ def _lock_in_place(path: Path, operation: int) -> int:
         try:
             fcntl.flock(fd, operation)
             if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+                _readable_by_all(fd)
                 return fd
         except BaseException:
             os.close(fd)
             raise
         os.close(fd)
+
+
+def _readable_by_all(fd: int) -> None:
+    """Let a web process running as another user test the lock (reading is all it needs)."""
+    with contextlib.suppress(OSError):  # not ours to change: its creator decided
+        os.fchmod(fd, os.fstat(fd).st_mode | 0o444)
 
 
 class Presence:
@@ -84,7 +92,11 @@ class Presence:
         if root is None:
             return None
         try:
-            root.mkdir(exist_ok=True)
+            if not root.is_dir():
+                root.mkdir(exist_ok=True)
+                # Readable and searchable by all, as the web app may run as another user.
+                with contextlib.suppress(OSError):
+                    root.chmod(root.stat().st_mode | 0o555)
             fd = _lock_in_place(_file(root, worker_id), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             logger.warning("durq: cannot hold a presence lock in %s (%s); this worker writes heartbeat rows instead", root, error)

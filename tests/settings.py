@@ -80,7 +80,12 @@ elif DB == "postgres":
             "PORT": os.environ.get("DURQ_PG_PORT", "5432"),
             "USER": os.environ.get("DURQ_PG_USER", "postgres"),
             "PASSWORD": os.environ.get("DURQ_PG_PASSWORD", ""),
-            "OPTIONS": {"application_name": "durq-tests"},
+            "OPTIONS": {
+                "application_name": "durq-tests",
+                # What docs/postgresql.md recommends without a transaction-pooling proxy: parameters
+                # bound by the server, repeated statements prepared. One CI leg runs this way.
+                **({"server_side_binding": True, "prepare_threshold": 5} if os.environ.get("DURQ_PG_PREPARED") else {}),
+            },
             "TEST": {"NAME": TEST_DB_NAME},
         }
     }

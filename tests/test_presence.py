@@ -6,8 +6,10 @@ reported alive, and a killed one must be known dead at once. Elsewhere heartbeat
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
+import stat
 import time
 
 import pytest
@@ -96,3 +98,18 @@ def test_idle_workers_commit_nothing_are_seen_alive_and_a_killed_one_is_gone_at_
     assert survivor.wait(timeout=30) == 0, survivor.output()
     assert not WorkerProcess.objects.exists() and not Job.objects.filter(status="running").exists()
     assert list(presence.directory("default").glob(f"*{presence.SUFFIX}")) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_web_process_running_as_another_user_can_read_the_lock_files():
+    old_umask = os.umask(0o077)  # a worker started with a private umask
+    try:
+        held = Presence.announce("default", "host:1:umask0")
+    finally:
+        os.umask(old_umask)
+    assert held is not None
+    try:
+        mode = (presence.directory("default") / ("host:1:umask0" + presence.SUFFIX)).stat().st_mode
+        assert stat.S_IMODE(mode) & 0o444 == 0o444
+    finally:
+        held.withdraw()

@@ -86,6 +86,7 @@ class Database:
         if self.kind == "sqlite":
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(self.name + suffix).unlink(missing_ok=True)
+            shutil.rmtree(self.name + "-durq", ignore_errors=True)  # django-durq's presence locks
         elif self.kind == "postgres":
             psql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
         elif self.kind == "mysql":
@@ -146,6 +147,9 @@ def drop_leftovers() -> list[str]:
     if WORK.exists():
         for path in WORK.glob(f"{PREFIX}_*"):
             if not _owner_alive(path.name):
-                path.unlink(missing_ok=True)
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
                 dropped.append(path.name)
     return dropped

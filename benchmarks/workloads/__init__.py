@@ -1,6 +1,8 @@
 """The workloads, in the order a full run takes them. Each module has ``NAME`` and either
 ``run(session, adapter, database)`` with ``applies(adapter, database)``, or, for measurements
-of the machine itself, ``GLOBAL = True`` and ``run_global(session, databases)``.
+of the machine itself, ``GLOBAL = True`` and ``run_global(session, databases)``. A workload
+with ``INTERLEAVED = True`` takes ``run(session, adapter, database, repeat)`` and is run one
+repeat at a time across every system: see ``run.py``.
 """
 
 from __future__ import annotations

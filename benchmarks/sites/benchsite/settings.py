@@ -75,6 +75,10 @@ elif DB == "postgres":
             "PASSWORD": os.environ.get("DURQ_PG_PASSWORD", ""),
         }
     }
+    if SYSTEM == "durq":
+        # What django-durq's docs/postgresql.md recommends where no transaction-pooling proxy
+        # sits between the workers and the server (Django's default leaves both off).
+        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 elif DB == "mysql":
     DATABASES = {
         "default": {
