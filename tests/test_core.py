@@ -454,6 +454,20 @@ def test_a_worker_killed_on_the_last_attempt_makes_a_dead_letter(clock):
     assert row.error_list[0]["worker"] == "worker-b"
 
 
+@pytest.mark.skipif(db_vendor() != "sqlite", reason="SQLite's page cache is per connection and grows to 2 MB")
+def test_the_dispatcher_claims_on_a_connection_with_a_small_page_cache(clock):
+    from django_durq.db.sqlite import DISPATCHER_PAGE_CACHE_KIB
+    from django_durq.worker.pool import Pool
+    from django_durq.worker.runtime import Runtime
+
+    queued = jobs.effect.enqueue()
+    pool = Pool("default", 1, Runtime(settings=get_settings(), clock=clock))
+    assert [job.id for job in pool._record_completions([], [1, clock.now_ms()])] == [queued.pk]
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA cache_size")
+        assert cursor.fetchone()[0] == -DISPATCHER_PAGE_CACHE_KIB
+
+
 def test_shutdown_release_hands_the_job_back_without_counting_the_attempt(clock):
     queued = jobs.effect.enqueue()
     (held,) = claim("worker-a", clock)

@@ -101,6 +101,9 @@ class Dialect:
     def notify(self, queues: Sequence[str]) -> None:
         """Wake idle workers of other processes once the current transaction commits."""
 
+    def prepare_dispatcher_connection(self) -> None:
+        """Tune the connection a pool's dispatcher claims and completes on; nothing by default."""
+
     def is_lock_error(self, error: BaseException) -> bool:
         """A transient contention error worth retrying after a short wait."""
         return False

@@ -95,6 +95,7 @@ class Pool:
         self._sharing_until = 0.0  # another connection wrote lately: share the write lock until then
         self._seen_version: int | None = None
         self._read_version: Callable[[], int] | None = None  # PRAGMA data_version on the dispatcher's connection
+        self._prepared_for: object = None  # the driver connection prepare_dispatcher_connection() tuned
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -301,9 +302,17 @@ class Pool:
         if completions:
             self._record_completions(completions, [])
 
+    def _prepare_connection(self) -> None:
+        """Tune the dispatcher's connection once per driver connection (again after a reconnect)."""
+        connection = connections[self.runtime.settings.database]
+        if connection.connection is None or connection.connection is not self._prepared_for:
+            self.runtime.store.retrying("prepare connection", lambda d: d.prepare_dispatcher_connection())
+            self._prepared_for = connection.connection
+
     def _record_completions(self, completions: list[tuple[ClaimedJob, Any]], claim: list[int]) -> list[ClaimedJob]:
         """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction."""
         runtime = self.runtime
+        self._prepare_connection()
         leases = [(job.id, job.claim_token) for job, _ in completions]
         limit, now = claim if claim else (0, 0)
         if not leases:
