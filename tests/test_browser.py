@@ -252,6 +252,9 @@ def test_queues_page_shows_counts_workers_and_the_chart(site):
             for queue, scale in (("default", 1), ("fast", 2))
             for i in range(60)
         ]
+        # The next minute too: if a minute ends while the page loads, the chart's hour moves on
+        # by one and still has sixty minutes with jobs in it.
+        + [QueueStat(queue=queue, minute_ms=minute + 60_000, finished=1, failed=0) for queue in ("default", "fast")]
     )
     dead_letters()  # first: drain() would run the waiting jobs below too
     base = {"arguments": json.dumps({"args": [], "kwargs": {}}), "created_ms": now - 300_000, "lease_ms": 60_000}
