@@ -162,9 +162,11 @@ def live_workers(*, now_ms: int | None = None, using: str | None = None) -> list
     workers = WorkerProcess.objects.using(alias).order_by("host", "started_ms", "pid")
     if presence.directory(alias) is None:
         return list(workers.filter(last_seen_ms__gte=horizon))
+    rows = list(workers)
+    held = presence.states(alias, [worker.worker_id for worker in rows])
     alive = []
-    for worker in workers:
-        state = presence.liveness(alias, worker.worker_id)
+    for worker in rows:
+        state = held[worker.worker_id]
         if state is Liveness.HELD:
             worker.last_seen_ms = now
         if state is Liveness.HELD or (state is Liveness.UNKNOWN and worker.last_seen_ms >= horizon):

@@ -18,6 +18,7 @@ import contextlib
 import enum
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from django.db import connections
@@ -125,9 +126,16 @@ class Presence:
 
 def liveness(alias: str, worker_id: str) -> Liveness:
     """Whether the worker's process holds its lock, has ended, or keeps no lock file at all."""
+    return states(alias, [worker_id])[worker_id]
+
+
+def states(alias: str, worker_ids: Iterable[str]) -> dict[str, Liveness]:
+    """``liveness()`` of each worker, the directory looked up once."""
     root = directory(alias)
-    if root is None:
-        return Liveness.UNKNOWN
+    return {worker_id: Liveness.UNKNOWN if root is None else _state(root, worker_id) for worker_id in worker_ids}
+
+
+def _state(root: Path, worker_id: str) -> Liveness:
     try:
         fd = os.open(_file(root, worker_id), os.O_RDONLY)
     except OSError:

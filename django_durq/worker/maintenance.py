@@ -68,8 +68,9 @@ class StaleWorkers:
             silent = list(workers.filter(last_seen_ms__lt=horizon).values_list("worker_id", flat=True)[:100])
         else:
             silent = []
-            for worker_id, seen_ms in workers.values_list("worker_id", "last_seen_ms"):
-                state = presence.liveness(alias, worker_id)
+            seen = dict(workers.values_list("worker_id", "last_seen_ms"))
+            for worker_id, state in presence.states(alias, seen).items():
+                seen_ms = seen[worker_id]
                 if state is Liveness.RELEASED:
                     ended.append(worker_id)
                 elif state is Liveness.UNKNOWN and seen_ms < horizon:

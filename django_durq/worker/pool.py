@@ -304,10 +304,11 @@ class Pool:
 
     def _prepare_connection(self) -> None:
         """Tune the dispatcher's connection once per driver connection (again after a reconnect)."""
-        connection = connections[self.runtime.settings.database]
-        if connection.connection is None or connection.connection is not self._prepared_for:
+        wrapper = connections[self.runtime.settings.database]
+        driver = wrapper.connection
+        if driver is None or driver is not self._prepared_for:
             self.runtime.store.retrying("prepare connection", lambda d: d.prepare_dispatcher_connection())
-            self._prepared_for = connection.connection
+            self._prepared_for = wrapper.connection
 
     def _record_completions(self, completions: list[tuple[ClaimedJob, Any]], claim: list[int]) -> list[ClaimedJob]:
         """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction."""
