@@ -77,8 +77,10 @@ class Supervisor:
             if self._interrupts > 1:
                 self._on_quit(signum, frame)
         self._signals += 1
-        self.runtime.shutdown.set()
+        # Claiming stops before handlers are told to: a handler that sees should_stop() and hands
+        # its job back must not find this worker's dispatcher still claiming, or it takes it again.
         self.runtime.request_stop(f"received {signal.Signals(signum).name}")
+        self.runtime.shutdown.set()
 
     def _on_quit(self, signum: int, frame: FrameType | None) -> None:
         os.write(2, b"durq: exiting now; leases of running jobs will expire\n")
