@@ -179,6 +179,8 @@ class Pool:
             while not runtime.stop_claiming.is_set():
                 if wait_s > 0:
                     self.kick.wait(wait_s)
+                    if runtime.stop_claiming.is_set():
+                        break  # stopped while waiting: claim nothing more, not even a job just handed back
                 self.kick.clear()
                 wait_s = runtime.poll_s
                 with self._lock:

@@ -55,6 +55,20 @@ class Runtime:
         self.stop_claiming.set()
         self.wake_supervisor.set()
 
+    def stop_on_signal(self, reason: str) -> None:
+        """``request_stop()`` for a signal handler, which takes no lock the main thread may hold.
+
+        A handler runs in the main thread between two bytecodes, possibly while the supervisor
+        holds ``wake_supervisor``'s lock inside its own wait: setting that event there would
+        deadlock. The main thread never waits on these two events, and the supervisor sees
+        ``stop_claiming`` at its next tick (0.1 s). Claiming stops before handlers are told to,
+        so a job a handler hands back is not claimed again by this worker.
+        """
+        if not self.stop_reason:
+            self.stop_reason = reason
+        self.stop_claiming.set()
+        self.shutdown.set()
+
     def claim_budget(self, free: int) -> int:
         """How many of ``free`` slots may claim, honouring ``--max-jobs``; reserves them."""
         with self._lock:

@@ -1,6 +1,7 @@
 """One worker process: a pool per named queue, signals, graceful shutdown.
 
-Signal handlers only record and wake; the main loop decides. The first SIGTERM or SIGINT stops
+Signal handlers only record, taking no lock the main thread may hold; the main loop notices at
+its next tick and decides. The first SIGTERM or SIGINT stops
 claiming and makes ``ctx.should_stop()`` true; running jobs get the grace period, then the
 leases of jobs still running are released so another worker takes them at once. Repeated
 SIGTERMs change nothing (process managers resend them); a second SIGINT (Ctrl-C twice) or a
@@ -77,10 +78,7 @@ class Supervisor:
             if self._interrupts > 1:
                 self._on_quit(signum, frame)
         self._signals += 1
-        # Claiming stops before handlers are told to: a handler that sees should_stop() and hands
-        # its job back must not find this worker's dispatcher still claiming, or it takes it again.
-        self.runtime.request_stop(f"received {signal.Signals(signum).name}")
-        self.runtime.shutdown.set()
+        self.runtime.stop_on_signal(f"received {signal.Signals(signum).name}")
 
     def _on_quit(self, signum: int, frame: FrameType | None) -> None:
         os.write(2, b"durq: exiting now; leases of running jobs will expire\n")
