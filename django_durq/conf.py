@@ -59,6 +59,7 @@ class DurqSettings:
     shutdown_grace_ms: int = 30_000
     timeout_ms: int | None = None
     prefetch_ms_default: int = 20
+    max_handbacks: int = 10
     schedules: dict[str, Any] = field(default_factory=dict)
     test_hooks_dir: str | None = None
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
@@ -87,6 +88,7 @@ KNOWN_KEYS = {
     "SHUTDOWN_GRACE",
     "TIMEOUT",
     "PREFETCH",
+    "MAX_HANDBACKS",
     "SCHEDULES",
     "TEST_HOOKS_DIR",
     "MONITORING",
@@ -172,6 +174,7 @@ def parse(raw: Any) -> DurqSettings:
     keep_dead_ms = p.duration_ms("KEEP_DEAD", None, allow_none=True, minimum_ms=0)
     prefetch_ms = p.duration_ms("PREFETCH", defaults.prefetch_ms_default, minimum_ms=0)
     max_attempts = p.positive_int(raw, "MAX_ATTEMPTS", defaults.max_attempts, 'DURQ["MAX_ATTEMPTS"]')
+    max_handbacks = p.positive_int(raw, "MAX_HANDBACKS", defaults.max_handbacks, 'DURQ["MAX_HANDBACKS"]')
     max_payload = p.positive_int(raw, "MAX_PAYLOAD_BYTES", defaults.max_payload_bytes, 'DURQ["MAX_PAYLOAD_BYTES"]')
 
     backoff = _parse_backoff(p, raw.get("BACKOFF", {}))
@@ -197,6 +200,7 @@ def parse(raw: Any) -> DurqSettings:
         shutdown_grace_ms=grace_ms,
         timeout_ms=timeout_ms,
         prefetch_ms_default=prefetch_ms,
+        max_handbacks=max_handbacks,
         schedules=schedules,
         test_hooks_dir=str(hooks) if hooks else None,
         monitoring=monitoring,

@@ -1,8 +1,16 @@
-"""What a running handler can ask of the queue: ``heartbeat()``, ``should_stop()``, ``is_last_attempt()``."""
+"""What a running handler can ask of the queue: ``heartbeat()``, ``should_stop()``, ``is_last_attempt()``.
+
+A :class:`JobContext` is one attempt: one claim of one job, named by its lease (job id, claim
+token). It knows until when the database last confirmed that lease, on this process's monotonic
+clock, so ``should_stop()`` turns true by itself when renewals stop getting through — whatever
+thread stalled — before the database could give the job to another worker.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .clock import Clock
@@ -12,9 +20,19 @@ if TYPE_CHECKING:
     from .store import Store
 
 LEASE_LOST = "lease lost"
+LEASE_AT_RISK = "lease at risk"
 CANCELLED = "cancelled"
 TIMED_OUT = "timed out"
 SHUTDOWN = "shutdown"
+
+
+def lease_margin_s(lease_ms: int) -> float:
+    """How long before its lease runs out an attempt whose renewals stall is told to stop.
+
+    A quarter of the lease: with three renewals per lease the keeper has missed two in a row by
+    then, and the handler still has a quarter of the lease to notice and return.
+    """
+    return lease_ms / 4000
 
 
 class JobContext:
@@ -32,6 +50,7 @@ class JobContext:
         store: Store,
         clock: Clock,
         shutdown: threading.Event,
+        stop_cause: Callable[[], str] | None = None,
     ) -> None:
         self.job_id = job.id
         self.name = job.name
@@ -40,47 +59,91 @@ class JobContext:
         self.max_attempts = job.max_attempts
         self.claim_token = job.claim_token
         self.worker_id = worker_id
+        self.lease_ms = job.lease_ms
+        self.timeout_ms = job.timeout_ms
         self.started_ms = clock.now_ms()
+        self.started_mono = time.monotonic()
         self.deadline_ms = self.started_ms + job.timeout_ms if job.timeout_ms else None
         self.lease_lost = False
-        self.stop_requested = False
+        # An operator's cancel, read at the claim or from a renewal: final whatever happens next.
+        self.stop_requested = bool(getattr(job, "stop_requested", False))
         self.stop_seen = False  # should_stop() has answered True to the handler
-        self.settled = False  # the executor is recording the outcome; renewals no longer matter
+        self.settled = False  # an outcome of this attempt is being recorded; nothing else may record one
+        # Monotonic second until which the database has confirmed this lease. The claim that
+        # created this attempt confirmed it from (at the latest) the moment the context was built.
+        self.confirmed_until = time.monotonic() + job.lease_ms / 1000
+        self._margin_s = lease_margin_s(job.lease_ms)
+        self._deadline_mono = time.monotonic() + job.timeout_ms / 1000 if job.timeout_ms else None
         self._store = store
         self._clock = clock
         self._shutdown = shutdown
+        self._stop_cause = stop_cause
+        self._settle_lock = threading.Lock()
 
     @property
     def lease(self) -> tuple[int, int]:
         return (self.job_id, self.claim_token)
 
+    def start(self) -> None:
+        """The handler starts now: timeouts count from here, not from the claim."""
+        self.started_ms = self._clock.now_ms()
+        self.started_mono = time.monotonic()
+        self.deadline_ms = self.started_ms + self.timeout_ms if self.timeout_ms else None
+        self._deadline_mono = time.monotonic() + self.timeout_ms / 1000 if self.timeout_ms else None
+
+    def settle(self) -> bool:
+        """Claim the right to record this attempt's outcome; True for the first caller only.
+
+        The slot that ran the handler and the monitor that reaps a timeout may both reach an
+        outcome; exactly one of them records it, counts it and announces it.
+        """
+        with self._settle_lock:
+            if self.settled:
+                return False
+            self.settled = True
+            return True
+
     def heartbeat(self) -> bool:
         """Extend this job's lease now; False when another worker has taken the job over."""
         if self.lease_lost:
             return False
-        held = self._store.renew([self.lease], self._clock.now_ms())
-        self.apply_renewal(held)
+        asked = time.monotonic()
+        held = self._store.renew([self.lease], self._clock)
+        self.apply_renewal(held, asked)
         return not self.lease_lost
 
-    def apply_renewal(self, held: dict[int, bool]) -> None:
-        """Record what a (batched) lease renewal said about this job."""
-        if self.settled:
-            return
-        if self.job_id in held:
-            self.stop_requested = self.stop_requested or held[self.job_id]
-        else:
+    def apply_renewal(self, held: dict[tuple[int, int], bool], asked: float) -> None:
+        """Record what a (batched) renewal sent at monotonic time ``asked`` said about this lease.
+
+        A renewal sets the lease to at least its start + the lease length, so it confirms the
+        lease until ``asked`` + the lease length on this process's clock.
+        """
+        if self.lease in held:
+            self.stop_requested = self.stop_requested or held[self.lease]
+            self.confirmed_until = max(self.confirmed_until, asked + self.lease_ms / 1000)
+        elif not self.settled:
             self.lease_lost = True
+
+    def lease_at_risk(self) -> bool:
+        """No renewal got through for long enough that the lease may lapse before the next one."""
+        return time.monotonic() >= self.confirmed_until - self._margin_s
 
     def stop_reason(self) -> str | None:
         if self.lease_lost:
             return LEASE_LOST
         if self.stop_requested:
             return CANCELLED
+        if self.lease_at_risk():
+            return LEASE_AT_RISK
         if self.timed_out():
             return TIMED_OUT
         if self._shutdown.is_set():
             return SHUTDOWN
         return None
+
+    def stop_detail(self) -> str:
+        """Why the worker itself asked handlers to stop (a signal, --max-memory, a failure)."""
+        return self._stop_cause() if self._stop_cause is not None else ""
 
     def should_stop(self) -> bool:
         """True when the handler should return soon: shutdown, lost lease, cancellation or timeout."""
@@ -90,7 +153,11 @@ class JobContext:
         return True
 
     def timed_out(self) -> bool:
-        return self.deadline_ms is not None and self._clock.now_ms() >= self.deadline_ms
+        return self._deadline_mono is not None and time.monotonic() >= self._deadline_mono
+
+    def overdue_by_s(self) -> float | None:
+        """Seconds past the timeout (negative before it); None without a timeout."""
+        return None if self._deadline_mono is None else time.monotonic() - self._deadline_mono
 
     def is_last_attempt(self) -> bool:
         """True on the attempt after which a failure makes the job a dead letter."""

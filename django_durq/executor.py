@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,19 +18,23 @@ from datetime import datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.db import InterfaceError, OperationalError, connections
 
 from . import hooks
-from .clock import Clock, datetime_to_ms, seconds_to_ms
+from .clock import Clock, datetime_to_ms, ms_to_datetime, seconds_to_ms
 from .conf import DurqSettings
-from .context import CANCELLED, LEASE_LOST, SHUTDOWN, TIMED_OUT, JobContext
+from .context import LEASE_AT_RISK, LEASE_LOST, SHUTDOWN, TIMED_OUT, JobContext
 from .db import ClaimedJob
 from .exceptions import Abort, InvalidPayload, Retry
 from .payload import decode_arguments, encode_json
 from .registry import JobDefinition, registry
-from .signals import job_dead, job_finished
+from .signals import job_dead, job_finished, send
 from .store import Store
 
 logger = logging.getLogger("django_durq")
+# One line per job outcome (finished with its duration, failed, dead, cancelled, handed back),
+# with the job's id, name, queue and attempt as structured ``extra`` fields.
+jobs_log = logging.getLogger("django_durq.jobs")
 
 MAX_TRACEBACK_CHARS = 20_000
 MAX_MESSAGE_CHARS = 2_000
@@ -41,6 +46,7 @@ DEAD = "dead"
 RELEASED = "released"
 CANCELLED_OUTCOME = "cancelled"
 LOST = "lost"
+ABANDONED = "abandoned"  # another recorder (a timeout) settled this attempt first
 
 
 @dataclass
@@ -51,9 +57,12 @@ class Failure:
     traceback: str = ""
     retry_at_ms: int | None = None
     final: bool = False
+    error: BaseException | None = None  # the exception itself, for receivers and log handlers
 
 
 class Executor:
+    """Runs attempts and records exactly one outcome for each (see ``JobContext.settle``)."""
+
     def __init__(
         self,
         store: Store,
@@ -62,6 +71,7 @@ class Executor:
         worker_id: str,
         count: Callable[..., None] = lambda queue, outcome, n=1: None,
         defer_completion: Callable[[ClaimedJob, JobContext, Any], None] | None = None,
+        emit: Callable[..., None] = send,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -70,11 +80,18 @@ class Executor:
         self.count = count
         # A worker pool batches the deletes of finished jobs (see Pool.flush_completions).
         self.defer_completion = defer_completion
+        # How signals are sent: a worker hands them to its events thread; tests send them inline.
+        self.emit = emit
         self.hooks_enabled = settings.test_hooks_dir is not None
+        # The connection's transaction state before the handler ran (see reclaim_connection).
+        self._before_handler: tuple[int, bool] = (0, True)
         self._keep_finished: dict[str, int] = {}  # per queue; looked up for every finished job
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
-        errors = _error_list(job.errors)
+        if ctx.lease_lost:
+            ctx.settle()
+            return LOST  # lost while it waited in a buffer: never started, nothing to record
+        errors = error_list(job.errors)
         if job.reclaimed_from is not None:
             errors.append(
                 self._entry(job.attempts - 1, Failure("lease_expired", "lease expired: worker lost"), job.reclaimed_from)
@@ -85,7 +102,10 @@ class Executor:
             hooks.reach("after_claim", job.id)
 
         if ctx.stop_requested:
-            return self._cancel(job, ctx, errors)  # an operator cancelled it while it waited in the buffer
+            # Cancelled before it started (in a buffer, or before a hand-back): never run.
+            return self.record(job, ctx, None, None, errors)
+        ctx.start()
+        self._before_handler = transaction_state(self.store.alias)
         definition = registry.get(job.name)
         result: Any = None
         failure: Failure | None = None
@@ -98,39 +118,95 @@ class Executor:
                 failure = Failure("decode", f"payload decode error: {_safe_str(error)}", type=_type_path(error))
             else:
                 failure, result = self._call(definition, ctx, args, kwargs)
+        return self.record(job, ctx, failure, result, errors)
 
-        ctx.settled = True
+    def record(self, job: ClaimedJob, ctx: JobContext, failure: Failure | None, result: Any, errors: list[dict[str, Any]]) -> str:
+        """Record this attempt's outcome, unless another recorder (a timeout) already settled it.
+
+        Whatever goes wrong while deciding or writing the outcome — a bad ``Retry(after=...)``,
+        a result that is not JSON, a value the database refuses — becomes a failed attempt with
+        that error recorded. Only a database that stays unreachable leaves the job to its lease.
+        """
+        if not ctx.settle():
+            return ABANDONED
+        reclaim_connection(self.store.alias, self._before_handler)
+        hooks.jitter("outcome")
+        if self.hooks_enabled:
+            hooks.reach("before_complete", job.id)
+        try:
+            return self._record(job, ctx, failure, result, errors)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as error:
+            logger.exception("durq: could not record the outcome of job %s (%s)", job.id, job.name)
+            failed = Failure(
+                "outcome", f"could not record the outcome: {_safe_str(error)}", _type_path(error), _traceback(error), error=error
+            )
+            return self._fail(job, ctx, registry.get(job.name), failed, errors)
+
+    def _record(
+        self, job: ClaimedJob, ctx: JobContext, failure: Failure | None, result: Any, errors: list[dict[str, Any]]
+    ) -> str:
         reason = ctx.stop_reason()
         if failure is None and reason == TIMED_OUT:
             failure = Failure("timeout", f"timed out after {(job.timeout_ms or 0) / 1000:g} s")
-        if self.hooks_enabled:
-            hooks.reach("before_complete", job.id)
         if reason == LEASE_LOST:
             logger.warning("durq: job %s (%s) lost its lease while running; its outcome is discarded", job.id, job.name)
             return LOST
-        if reason == CANCELLED:
+        if ctx.stop_requested:
             return self._cancel(job, ctx, errors)
-        if reason == SHUTDOWN and ctx.stop_seen and failure is None:
-            released = self.store.retrying("release", lambda d: d.release([ctx.lease]))
-            return RELEASED if released else LOST
+        if failure is None and ctx.stop_seen and reason in (SHUTDOWN, LEASE_AT_RISK):
+            return self.hand_back(job, ctx, errors)
+        definition = registry.get(job.name)
         if failure is None:
             return self._finish(job, ctx, definition, result, errors)
         return self._fail(job, ctx, definition, failure, errors)
 
-    def record_failure(self, job: ClaimedJob, ctx: JobContext, failure: Failure) -> str:
+    def record_timeout(self, job: ClaimedJob, ctx: JobContext) -> str:
         """Fail the attempt from outside the handler's thread (a timeout the handler ignored)."""
-        return self._fail(job, ctx, registry.get(job.name), failure, _error_list(job.errors))
+        timeout_s = (job.timeout_ms or 0) / 1000
+        failure = Failure("timeout", f"timed out after {timeout_s:g} s; the handler did not return")
+        if not ctx.settle():
+            return ABANDONED
+        return self._fail(job, ctx, registry.get(job.name), failure, error_list(job.errors))
+
+    def hand_back(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
+        """Give a started job back for another worker, its attempt not counted.
+
+        Each hand-back of a started job counts: after ``MAX_HANDBACKS`` of them (a job that
+        always outlives the shutdown grace, or always trips --max-memory) it becomes a dead
+        letter saying so, instead of being handed back forever.
+        """
+        handbacks = job.handbacks + 1
+        if handbacks >= self.settings.max_handbacks:
+            detail = ctx.stop_detail() or "stopping"
+            failure = Failure(
+                "handed_back",
+                f'handed back {handbacks} times without finishing (last: {detail}); DURQ["MAX_HANDBACKS"] is '
+                f"{self.settings.max_handbacks}",
+                final=True,
+            )
+            return self._fail(job, ctx, registry.get(job.name), failure, errors)
+        hooks.jitter("release")
+        released = self.store.retrying("release", lambda d: d.release([ctx.lease], started=True, now_ms=self.clock.now_ms()))
+        if not released:
+            return LOST
+        if jobs_log.isEnabledFor(logging.INFO):
+            detail = ctx.stop_detail() or "stopping"
+            jobs_log.info("durq: job %s (%s) handed back (%s)", job.id, job.name, detail, extra=_extra(job))
+        return RELEASED
 
     def bury_lost(self, queue: str, lease: tuple[int, int], name: str, attempts: int, errors_text: str, holder: str) -> str:
-        """A job whose worker died on its last attempt: a dead letter saying so."""
+        """A job whose worker died on its last attempt: a dead letter saying so, if its lease is still expired."""
         errors = json.loads(errors_text or "[]")
         errors.append(self._entry(attempts, Failure("lease_expired", "lease expired: worker lost"), holder))
         now = self.clock.now_ms()
-        if not self.store.retrying("bury", lambda d: d.bury(lease, now, json.dumps(errors))):
+        hooks.jitter("bury")
+        if not self.store.retrying("bury", lambda d: d.bury_expired(lease, now, json.dumps(errors))):
             return LOST
         logger.error("durq: job %s (%s) lost its worker on its last attempt -> dead letter", lease[0], name)
         self.count(queue, DEAD)
-        job_dead.send(sender=Executor, job_id=lease[0], name=name, queue=queue, errors=errors)
+        self.emit(job_dead, sender=Executor, job_id=lease[0], name=name, queue=queue, errors=errors)
         return DEAD
 
     def _call(
@@ -143,11 +219,16 @@ class Executor:
                 return None, async_to_sync(definition.func)(ctx, *args, **kwargs)
             return None, definition.func(ctx, *args, **kwargs)
         except Retry as retry:
-            return Failure("retry", retry.reason or "retry requested", retry_at_ms=self._retry_at(retry)), None
+            try:
+                retry_at = self._retry_at(retry)
+            except Exception as error:  # noqa: BLE001 - a bad Retry is the handler's failure
+                message = f"Retry(after={retry.after!r}) is invalid: {_safe_str(error)}"
+                return Failure("exception", message, _type_path(error), _traceback(error), error=error), None
+            return Failure("retry", retry.reason or "retry requested", retry_at_ms=retry_at), None
         except Abort as abort:
-            return Failure("exception", _safe_str(abort), _type_path(abort), _traceback(abort), final=True), None
+            return Failure("exception", _safe_str(abort), _type_path(abort), _traceback(abort), final=True, error=abort), None
         except BaseException as error:  # noqa: BLE001 - a handler must never take the worker down
-            return Failure("exception", _safe_str(error), _type_path(error), _traceback(error)), None
+            return Failure("exception", _safe_str(error), _type_path(error), _traceback(error), error=error), None
 
     def _retry_at(self, retry: Retry) -> int:
         if isinstance(retry.after, datetime):
@@ -178,25 +259,28 @@ class Executor:
             self.defer_completion(job, ctx, result)
             return FINISHED
         else:
+            hooks.jitter("complete")
             held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
         if not held:
             logger.warning("durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name)
             return LOST
-        self.finished(job, result)
+        self.finished_many([(job, ctx, result)])
         return FINISHED
 
-    def finished(self, job: ClaimedJob, result: Any) -> None:
-        """Count and announce a job whose completion is recorded."""
-        self.finished_many([(job, result)])
-
-    def finished_many(self, completions: list[tuple[ClaimedJob, Any]]) -> None:
-        """Count and announce a batch of jobs of one queue whose completions are recorded."""
+    def finished_many(self, completions: list[tuple[ClaimedJob, JobContext, Any]]) -> None:
+        """Count, log and announce a batch of jobs of one queue whose completions are recorded."""
         if not completions:
             return
         self.count(completions[0][0].queue, FINISHED, len(completions))
-        if job_finished.receivers:
-            for job, result in completions:
-                job_finished.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
+        if jobs_log.isEnabledFor(logging.INFO):
+            now = time.monotonic()
+            for job, ctx, _ in completions:
+                took = now - ctx.started_mono
+                jobs_log.info(
+                    "durq: job %s (%s) finished in %.3f s", job.id, job.name, took, extra={**_extra(job), "duration": took}
+                )
+        for job, _, result in completions:
+            self.emit(job_finished, sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
 
     def _fail(
         self,
@@ -206,9 +290,12 @@ class Executor:
         failure: Failure,
         errors: list[dict[str, Any]],
     ) -> str:
+        if ctx.stop_requested:
+            return self._cancel(job, ctx, errors)  # a cancel is final: a failure does not bring the job back
         now = self.clock.now_ms()
         errors.append(self._entry(job.attempts, failure, self.worker_id))
         text = json.dumps(errors)
+        run_at: int | None = None
         if failure.final or job.attempts >= job.max_attempts:
             held = self.store.retrying("bury", lambda d: d.bury(ctx.lease, now, text))
             outcome = DEAD
@@ -218,30 +305,49 @@ class Executor:
             else:
                 backoff = (definition.backoff if definition is not None else None) or self.settings.backoff
                 run_at = now + backoff.delay_ms(job.attempts)
-            held = self.store.retrying("retry", lambda d: d.retry_later(ctx.lease, run_at, text))
+            # The update itself turns the job cancelled if an operator asked meanwhile.
+            held = self.store.retrying("retry", lambda d: d.retry_later(ctx.lease, run_at, now, text))
             outcome = RETRYING
         if not held:
             logger.warning("durq: job %s (%s) failed after its lease was lost; the failure was ignored", job.id, job.name)
             return LOST
-        log = logger.error if outcome == DEAD else logger.warning
-        log(
-            "durq: job %s (%s) attempt %s/%s failed: %s%s",
-            job.id,
-            job.name,
-            job.attempts,
-            job.max_attempts,
-            failure.message[:200],
-            " -> dead letter" if outcome == DEAD else "",
-        )
+        extra = {**_extra(job), "duration": time.monotonic() - ctx.started_mono}
+        if outcome == DEAD:
+            jobs_log.error(
+                "durq: job %s (%s) attempt %s/%s failed: %s -> dead letter",
+                job.id,
+                job.name,
+                job.attempts,
+                job.max_attempts,
+                failure.message[:200],
+                exc_info=_exc_info(failure),
+                extra=extra,
+            )
+        else:
+            jobs_log.warning(
+                "durq: job %s (%s) attempt %s/%s failed: %s; next attempt at %s",
+                job.id,
+                job.name,
+                job.attempts,
+                job.max_attempts,
+                failure.message[:200],
+                _iso(run_at),
+                exc_info=_exc_info(failure),
+                extra={**extra, "next_attempt_ms": run_at},
+            )
         self.count(job.queue, outcome)
         if outcome == DEAD:
-            job_dead.send(sender=Executor, job_id=job.id, name=job.name, queue=job.queue, errors=errors)
+            self.emit(
+                job_dead, sender=Executor, error=failure.error, job_id=job.id, name=job.name, queue=job.queue, errors=errors
+            )
         return outcome
 
     def _cancel(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
         errors.append(self._entry(job.attempts, Failure("cancelled", "stopped at an operator's request"), self.worker_id))
         now = self.clock.now_ms()
         held = self.store.retrying("cancel", lambda d: d.cancel_running(ctx.lease, now, json.dumps(errors)))
+        if held and jobs_log.isEnabledFor(logging.INFO):
+            jobs_log.info("durq: job %s (%s) cancelled", job.id, job.name, extra=_extra(job))
         return CANCELLED_OUTCOME if held else LOST
 
     def _entry(self, attempt: int, failure: Failure, worker: str) -> dict[str, Any]:
@@ -256,7 +362,66 @@ class Executor:
         }
 
 
-def _error_list(text: str) -> list[dict[str, Any]]:
+def transaction_state(alias: str) -> tuple[int, bool]:
+    """(atomic blocks open, autocommit) of this thread's connection, without connecting."""
+    connection = connections[alias]
+    autocommit = connection.autocommit if connection.connection is not None else True
+    return len(connection.atomic_blocks), bool(autocommit)
+
+
+def reclaim_connection(alias: str, before: tuple[int, bool] = (0, True)) -> None:
+    """Take back this thread's connection from a transaction the handler left open.
+
+    A handler that called ``set_autocommit(False)`` (or entered ``atomic()`` without leaving it)
+    would otherwise hold the outcome's writes in its own transaction, to be rolled back with
+    it. The open transaction is discarded, as it would be if the handler had crashed. ``before``
+    is the state the handler found: code that runs jobs inside its own transaction (a test's
+    ``drain()``) keeps it.
+    """
+    connection = connections[alias]
+    depth, autocommit = transaction_state(alias)
+    if depth > before[0]:
+        logger.warning("durq: a handler left a transaction open on %r; rolling it back", alias)
+        if before[0] == 0:
+            _reset_atomic_state(connection)
+    elif before[1] and not autocommit and not connection.in_atomic_block:
+        logger.warning("durq: a handler turned autocommit off on %r; rolling back and turning it on", alias)
+        try:
+            connection.rollback()
+            connection.set_autocommit(True)
+        except Exception:  # noqa: BLE001 - a broken connection: Django opens a new one on next use
+            _reset_atomic_state(connection)
+
+
+def _reset_atomic_state(connection: Any) -> None:
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001 - closing a broken connection
+        pass
+    connection.connection = None
+    connection.in_atomic_block = False
+    connection.atomic_blocks = []
+    connection.savepoint_ids = []
+    connection.needs_rollback = False
+    connection.closed_in_transaction = False
+    connection.commit_on_exit = True
+
+
+def _iso(ms: int | None) -> str:
+    moment = ms_to_datetime(ms)
+    return moment.isoformat(timespec="milliseconds") if moment is not None else "?"
+
+
+def _extra(job: ClaimedJob) -> dict[str, Any]:
+    return {"job_id": job.id, "job_name": job.name, "queue": job.queue, "attempt": job.attempts}
+
+
+def _exc_info(failure: Failure) -> tuple[type[BaseException], BaseException, Any] | None:
+    error = failure.error
+    return (type(error), error, error.__traceback__) if error is not None else None
+
+
+def error_list(text: str) -> list[dict[str, Any]]:
     # Most jobs have no errors: skip the JSON parse on the hot path.
     return [] if not text or text == "[]" else list(json.loads(text))
 

@@ -13,6 +13,7 @@ counts it down and raises ``OperationalError``, as a dropped connection would.
 from __future__ import annotations
 
 import os
+import random
 import time
 
 POINTS = ("after_claim", "before_complete", "in_heartbeat")
@@ -53,3 +54,27 @@ def fail(operation: str) -> None:
     from django.db import OperationalError
 
     raise OperationalError(f"injected fault in {operation} (test hook)")
+
+
+# Timing chaos: DURQ_TEST_CHAOS="<max ms>[:<probability>]" makes every race point below sleep a
+# random time up to <max ms> (with <probability>, 0.3 by default). Read once per process, so
+# worker processes started with it in their environment stall at random where threads meet.
+CHAOS_POINTS = ("claim", "renew", "dispatch", "complete", "release", "bury", "reap", "receiver", "outcome")
+
+
+def _chaos() -> tuple[float, float]:
+    raw = os.environ.get("DURQ_TEST_CHAOS", "")
+    if not raw:
+        return 0.0, 0.0
+    most, _, chance = raw.partition(":")
+    return float(most) / 1000, float(chance or 0.3)
+
+
+_CHAOS_MAX_S, _CHAOS_CHANCE = _chaos()
+_chaos_random = random.Random()
+
+
+def jitter(point: str) -> None:
+    """Sleep a random while at race point ``point`` when timing chaos is on; nothing otherwise."""
+    if _CHAOS_MAX_S and _chaos_random.random() < _CHAOS_CHANCE:
+        time.sleep(_chaos_random.uniform(0, _CHAOS_MAX_S))

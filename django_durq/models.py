@@ -78,6 +78,9 @@ class Job(models.Model):
         max_length=200, null=True, blank=True, help_text="Set by a claim that took over an expired lease."
     )
     stop_requested = models.BooleanField(default=False, help_text="Cooperative stop asked by an operator.")
+    handbacks = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Started attempts handed back at a worker's stop; bounded by MAX_HANDBACKS."
+    )
     progress_done = models.BigIntegerField(null=True, blank=True)
     progress_total = models.BigIntegerField(null=True, blank=True)
     errors = models.TextField(default="[]", help_text="JSON list: one entry per failed attempt.")

@@ -16,6 +16,7 @@ from typing import TypeVar
 from django.db import InterfaceError, OperationalError, connections
 
 from . import hooks
+from .clock import Clock
 from .db import ClaimedJob, Dialect, Lease, dialect_for
 
 logger = logging.getLogger("django_durq")
@@ -63,8 +64,9 @@ class Store:
     def due_times(self, queue: str) -> tuple[int | None, int | None]:
         return self.retrying("probe", lambda d: d.due_times(queue))
 
-    def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[int, bool]:
-        return self.retrying("heartbeat", lambda d: d.renew(leases, now_ms))
+    def renew(self, leases: Sequence[Lease], clock: Clock, give_up_after_s: float = 120.0) -> dict[Lease, bool]:
+        """Renew leases from ``now`` as read right before each try: a retry never writes a stale time."""
+        return self.retrying("heartbeat", lambda d: d.renew(leases, clock.now_ms()), give_up_after_s)
 
 
 def _drop_connection(connection: object) -> None:

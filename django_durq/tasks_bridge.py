@@ -40,7 +40,12 @@ BACKEND_PATH = "django_durq.backend.DurqBackend"
 
 _tasks: dict[str, Any] = {}  # job name -> the Task registered under it
 _lock = threading.Lock()
-_running = threading.local()  # (job id, running TaskResult) of the task this thread runs
+# The running TaskResult of each task started in this process, by job id, until its outcome is
+# announced: ``job_finished`` and ``job_dead`` are sent on the worker's events thread, not on the
+# thread that ran the task. Bounded, so attempts that end without an announcement (a retry, a
+# lost lease) cannot make it grow.
+_running: dict[int, Any] = {}
+_RUNNING_MAX = 10_000
 
 
 def register(task: Any, *, replace: bool = False) -> None:
@@ -92,7 +97,10 @@ def run_task(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
     if row is None:  # pragma: no cover - the row of a claimed job exists unless purged meanwhile
         raise LookupError(f"job {ctx.job_id} disappeared while it started")
     result = result_for_job(row, task, task.backend)
-    _running.current = (ctx.job_id, result)
+    with _lock:
+        if len(_running) >= _RUNNING_MAX:
+            _running.pop(next(iter(_running)))
+        _running[ctx.job_id] = result
     task_started.send(sender=_sender(task), task_result=result)
     leading = (task_context(result, ctx),) if task.takes_context else ()
     return normalize_json(task.call(*leading, *args, **kwargs))
@@ -102,14 +110,15 @@ def _on_job_finished(sender: Any, *, job_id: int, name: str, result: Any = None,
     task = _tasks.get(name)
     if task is None:
         return
-    current = getattr(_running, "current", None)
-    _running.current = None
-    running = current[1] if current is not None and current[0] == job_id else None
+    with _lock:
+        running = _running.pop(job_id, None)
     _send_finished(task, job_id, running, result)
 
 
 def _on_job_dead(sender: Any, *, job_id: int, name: str, **kwargs: Any) -> None:
     task = _tasks.get(name)
+    with _lock:
+        _running.pop(job_id, None)
     if task is not None:
         _send_finished(task, job_id, None, None)
 

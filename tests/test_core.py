@@ -447,7 +447,7 @@ def test_a_worker_killed_on_the_last_attempt_makes_a_dead_letter(clock):
     clock.advance(10_000)
     assert claim("worker-c", clock) == []  # attempts are used up: never a third run
     runtime = Runtime(settings=get_settings(), clock=clock)
-    Pool("default", 1, runtime)._bury_expired(clock.now_ms())
+    Pool("default", 1, runtime).bury_expired(clock.now_ms())
     row = Job.objects.get(pk=queued.pk)
     assert row.status == Status.DEAD and row.attempts == 2
     assert [e["kind"] for e in row.error_list] == ["lease_expired"]
@@ -472,7 +472,7 @@ def test_shutdown_release_hands_the_job_back_without_counting_the_attempt(clock)
     queued = jobs.effect.enqueue()
     (held,) = claim("worker-a", clock)
     clock.advance(5_000)
-    assert Store("default").dialect.release([(held.id, held.claim_token)]) == 1
+    assert Store("default").dialect.release([(held.id, held.claim_token)], started=True) == 1
     row = Job.objects.get(pk=queued.pk)
     assert row.status == Status.WAITING and row.attempts == 0 and row.lease_expires_ms is None
     assert row.run_at_ms == queued.run_at_ms  # still due, and a scheduled job keeps its due time

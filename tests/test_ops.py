@@ -227,7 +227,7 @@ def test_cancel_waiting_jobs_and_ask_running_ones_to_stop():
     store = Store(get_settings().database)
     ctx = JobContext(claimed, worker_id="test-worker", store=store, clock=ManualClock(NOW), shutdown=threading.Event())
     assert not ctx.should_stop()
-    ctx.apply_renewal(store.renew([ctx.lease], NOW))
+    assert ctx.heartbeat()
     assert ctx.should_stop()
 
 

@@ -34,6 +34,8 @@ CLAIM_COLUMNS = (
     "priority",
     "run_at_ms",
     "created_ms",
+    "stop_requested",
+    "handbacks",
 )
 
 
@@ -53,6 +55,8 @@ class ClaimedJob:
     priority: int
     run_at_ms: int
     created_ms: int
+    stop_requested: bool = False  # an operator asked it to stop: it is cancelled, never started
+    handbacks: int = 0  # started attempts handed back uncounted so far
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
@@ -80,6 +84,8 @@ class Dialect:
     serialized_writes = False
     # Migration 0002 made the queue's indexes partial (waiting rows, running rows) here.
     partial_indexes = False
+    # The scalar "larger of two values" function: a renewal never moves a lease backwards.
+    greatest = "GREATEST"
     # Bulk enqueue: a FROM clause that unpacks ``pack_arguments()`` (its one %s) into rows, and
     # the names of its arguments-text and ordinal columns. Used where ``returns_bulk_insert_ids``.
     arguments_source = ""
@@ -183,21 +189,28 @@ class Dialect:
         )
         return rows[0][0], rows[0][1]
 
-    def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[int, bool]:
-        """Extend leases; returns {job id: stop requested} for the leases still held."""
+    def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[Lease, bool]:
+        """Extend leases to at least ``now_ms`` + their length; {lease: stop requested} for those still held.
+
+        A lease only ever moves forward: a renewal that arrives late (its ``now`` read before a
+        stall) cannot shorten a lease that a later renewal or claim set.
+        """
         if not leases:
             return {}
         held, params = self.held_many(leases)
-        self.execute(f"UPDATE {JOB} SET lease_expires_ms = %s + lease_ms WHERE {held}", [now_ms, *params])
-        rows = self.fetchall(f"SELECT id, stop_requested FROM {JOB} WHERE {held}", params)
-        return {row[0]: bool(row[1]) for row in rows}
+        self.execute(
+            f"UPDATE {JOB} SET lease_expires_ms = {self.greatest}(lease_expires_ms, %s + lease_ms) WHERE {held}",
+            [now_ms, *params],
+        )
+        rows = self.fetchall(f"SELECT id, claim_token, stop_requested FROM {JOB} WHERE {held}", params)
+        return {(row[0], row[1]): bool(row[2]) for row in rows}
 
-    def complete(self, leases: Sequence[Lease]) -> set[int]:
-        """Delete finished jobs (the default: nothing kept); returns the ids whose lease was still held."""
+    def complete(self, leases: Sequence[Lease]) -> set[Lease]:
+        """Delete finished jobs (the default: nothing kept); returns the leases that were still held."""
         if not leases:
             return set()
         held, params = self.held_many(leases)
-        return {row[0] for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id", params)}
+        return {(row[0], row[1]) for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id, claim_token", params)}
 
     def existing_ids(self, ids: Sequence[int]) -> set[int]:
         marks = ", ".join(["%s"] * len(ids))
@@ -205,7 +218,7 @@ class Dialect:
 
     def complete_and_claim(
         self, leases: Sequence[Lease], queue: str, limit: int, now_ms: int, worker_id: str
-    ) -> tuple[set[int], list[ClaimedJob]]:
+    ) -> tuple[set[Lease], list[ClaimedJob]]:
         """Record finished jobs and claim the next ones in one transaction: one commit, not two."""
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases)
@@ -222,13 +235,19 @@ class Dialect:
         fence, fence_params = _fence([lease])
         return self.execute(f"UPDATE {JOB} SET {sets} WHERE status = 'running' AND {fence}", params + fence_params) == 1
 
-    def retry_later(self, lease: Lease, run_at_ms: int, errors: str) -> bool:
+    def retry_later(self, lease: Lease, run_at_ms: int, now_ms: int, errors: str) -> bool:
+        """Put a failed job back to wait for its next attempt — or end it cancelled if an operator asked.
+
+        The stop request is read by this statement itself, so a cancel that arrives while the
+        attempt fails is never lost to the retry.
+        """
         fence, params = _fence([lease])
         return (
             self.execute(
-                f"UPDATE {JOB} SET status = 'waiting', run_at_ms = %s, lease_expires_ms = NULL, errors = %s,"
-                f" stop_requested = %s WHERE status = 'running' AND {fence}",
-                [run_at_ms, errors, False, *params],
+                f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'waiting' END,"
+                " finished_ms = CASE WHEN stop_requested THEN %s ELSE NULL END,"
+                f" run_at_ms = %s, lease_expires_ms = NULL, errors = %s WHERE status = 'running' AND {fence}",
+                [now_ms, run_at_ms, errors, *params],
             )
             == 1
         )
@@ -256,17 +275,22 @@ class Dialect:
             == 1
         )
 
-    def release(self, leases: Sequence[Lease]) -> int:
-        """Hand jobs back at shutdown; the interrupted attempt is not counted.
+    def release(self, leases: Sequence[Lease], *, started: bool, now_ms: int = 0) -> int:
+        """Hand jobs back for another worker; the interrupted attempt is not counted.
 
-        The due time stays as it was: the job was already due, so it is claimable at once and keeps
-        its place in the order, and a scheduled job keeps the due time it was created for.
+        A job an operator asked to stop ends cancelled instead. ``started`` counts the hand-back
+        (see ``Job.handbacks``); a job that waited in a buffer and never started is not counted.
+        The due time stays as it was: the job was already due, so it is claimable at once and
+        keeps its place in the order, and a scheduled job keeps the due time it was created for.
         """
         if not leases:
             return 0
         held, params = self.held_many(leases)
         return self.execute(
-            f"UPDATE {JOB} SET status = 'waiting', lease_expires_ms = NULL, attempts = attempts - 1 WHERE {held}", params
+            f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'waiting' END,"
+            " finished_ms = CASE WHEN stop_requested THEN %s ELSE NULL END,"
+            f" lease_expires_ms = NULL, attempts = attempts - 1, handbacks = handbacks + %s WHERE {held}",
+            [now_ms, 1 if started else 0, *params],
         )
 
     def record_errors(self, lease: Lease, errors: str) -> bool:
@@ -296,3 +320,18 @@ class Dialect:
                 (queue, now_ms),
             )
         ]
+
+    def bury_expired(self, lease: Lease, now_ms: int, errors: str) -> bool:
+        """Make a job whose worker was lost a dead letter — only if its lease is still expired.
+
+        The statement re-checks the expiry itself: a lease renewed since the scan is left alone.
+        """
+        fence, params = _fence([lease])
+        return (
+            self.execute(
+                f"UPDATE {JOB} SET status = 'dead', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
+                f" WHERE status = 'running' AND lease_expires_ms <= %s AND {fence}",
+                [now_ms, errors, now_ms, *params],
+            )
+            == 1
+        )

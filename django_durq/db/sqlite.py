@@ -58,6 +58,7 @@ class SQLiteDialect(Dialect):
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
     partial_indexes = True
+    greatest = "MAX"
     arguments_source = "json_each(%s)"
     argument_column = "value"
     ordinal_column = "key"

@@ -1,7 +1,12 @@
-"""The worker's background duties that keep leases alive: heartbeats, timeouts, memory, counters.
+"""The worker's housekeeping thread: timeouts, lost last attempts, memory, counters, its own row.
 
-One thread per process renews every running job's lease in one statement, so a handler never
-has to call ``heartbeat()`` to keep its job; the lease then only guards against a dead process.
+Leases are not kept here (see ``keeper.py``): whatever this thread does — record a timeout,
+bury a job whose worker died — can take as long as the database makes it, and no lease waits
+for it.
+
+A job whose worker died on its last attempt cannot be claimed again, so it would stay
+``running`` (holding its dedupe key) until someone buries it: every worker looks for such jobs
+in its own queues once per ``POLL_INTERVAL``, busy or not.
 """
 
 from __future__ import annotations
@@ -10,11 +15,11 @@ import logging
 import os
 import resource
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from .. import hooks
 from ..models import WorkerProcess
 
 if TYPE_CHECKING:
@@ -43,7 +48,8 @@ class Monitor:
         self.max_memory_mb = max_memory_mb
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="durq-monitor", daemon=True)
-        self._last_beat = 0
+        self._last_beat = 0.0
+        self._last_bury = 0.0
         self._recorded_done = 0  # registering wrote the row with no jobs done
 
     def start(self) -> None:
@@ -57,12 +63,17 @@ class Monitor:
         runtime = self.runtime
         try:
             while not self.stopped.wait(TICK_S):
-                now = runtime.clock.now_ms()
                 for pool in self.pools:
-                    pool.reap_timeouts(now)
-                if now - self._last_beat >= runtime.settings.heartbeat_interval_ms:
-                    self._last_beat = now
-                    self.beat(now)
+                    pool.reap_timeouts()
+                mono = time.monotonic()
+                if (mono - self._last_bury) * 1000 >= runtime.settings.poll_interval_ms:
+                    self._last_bury = mono
+                    now = runtime.clock.now_ms()
+                    for pool in self.pools:
+                        pool.bury_expired(now)
+                if (mono - self._last_beat) * 1000 >= runtime.settings.heartbeat_interval_ms:
+                    self._last_beat = mono
+                    self.flush(runtime.clock.now_ms())
                 over_memory = self.max_memory_mb is not None and rss_mb() > self.max_memory_mb
                 if over_memory and not runtime.stop_claiming.is_set():
                     runtime.request_stop(f"memory above --max-memory {self.max_memory_mb:g} MB")
@@ -72,27 +83,8 @@ class Monitor:
         finally:
             connections.close_all()
 
-    def beat(self, now: int) -> None:
-        """Renew every running and buffered lease, record this process as alive, flush the counters."""
-        runtime = self.runtime
-        running = [entry for pool in self.pools for entry in pool.running() if not entry.abandoned]
-        for entry in running:
-            hooks.reach("in_heartbeat", entry.job.id)
-        # Claimed-ahead jobs waiting in a pool's buffer are leased too, and renewed with the rest.
-        buffered = {pool: pool.buffered_leases() for pool in self.pools}
-        leases = [entry.ctx.lease for entry in running] + [lease for pool_leases in buffered.values() for lease in pool_leases]
-        if leases:
-            held = runtime.store.renew(leases, now)
-            for entry in running:
-                entry.ctx.apply_renewal(held)
-                if entry.ctx.lease_lost and not entry.ctx.settled:
-                    logger.warning("durq: job %s lost its lease (taken over or deleted)", entry.job.id)
-            for pool, pool_leases in buffered.items():
-                if pool_leases:
-                    pool.apply_buffer_renewal({job_id for job_id, _ in pool_leases}, held)
-        self.flush(now)
-
     def flush(self, now: int) -> None:
+        """Write the counters and record this process as alive."""
         runtime = self.runtime
         stats = runtime.take_stats()
         if stats:

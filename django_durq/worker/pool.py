@@ -7,9 +7,16 @@ own recent job durations: short jobs are claimed hundreds at a time, while jobs 
 longer than the horizon are never held back from another worker. Buffered jobs are leased and
 heartbeated like running ones, and handed back, attempt uncounted, at shutdown.
 
+Every claim is an :class:`~.attempt.Attempt`, entered in the process's book before a slot can
+see it and left there until its outcome is committed; the lease keeper renews what the book
+holds. Bookkeeping here is by attempt, never by job id, so a stale attempt of a job (abandoned
+at its timeout, or whose lease lapsed) cannot disturb a newer one of the same job.
+
 Finished jobs are deleted in batches, in the same transaction as the next claim: a finished
-job waits in memory at most ``COMPLETION_HOLD_MS`` (or until ``FLUSH_BATCH`` of them have
-piled up); a crash in that window runs it again once its lease expires (at-least-once).
+job waits in memory at most ``COMPLETION_HOLD_MS`` plus the write in progress, and at most
+``FLUSH_BATCH`` of them wait at once; a crash in that window runs them again once their leases
+expire (at-least-once). Jobs claimed ahead that wait longer than ``BUFFER_MAX_WAIT_S`` (a long
+job took the slot they were meant for) are handed back, attempt uncounted, for idle workers.
 
 An idle dispatcher probes with a read before it claims, so an idle poll on SQLite takes no
 write lock, and sleeps until it is kicked (an enqueue, another process's commit, a freed
@@ -28,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .. import wakeup
+from .. import hooks, wakeup
 from ..context import JobContext
-from ..db import ClaimedJob
-from ..executor import Executor, Failure
+from ..db import ClaimedJob, Dialect, Lease
+from ..executor import ABANDONED, DEAD, Executor, reclaim_connection
+from .attempt import FINISHING, RUNNING, Attempt
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -59,12 +67,8 @@ SHARING_S = 0.25
 
 _UNFINISHED = object()
 
-
-class Running:
-    def __init__(self, job: ClaimedJob, ctx: JobContext) -> None:
-        self.job = job
-        self.ctx = ctx
-        self.abandoned = False
+# A job claimed ahead that has waited this long for a slot is handed back for other workers.
+BUFFER_MAX_WAIT_S = 0.25
 
 
 class Pool:
@@ -77,14 +81,13 @@ class Pool:
         self.finished = threading.Event()  # the dispatcher has stopped and every slot is idle
         self._lock = threading.Lock()
         self._has_ready = threading.Condition(self._lock)
-        self._ready: deque[ClaimedJob] = deque()  # claimed, not started
-        self._cancel_before_start: set[int] = set()
+        self._ready: deque[Attempt] = deque()  # claimed, not started
+        self._running: set[Attempt] = set()  # handlers running on a slot (abandoned ones excluded)
+        self._completions: list[Attempt] = []  # finished, completion not committed yet
+        self._finished_results: dict[Lease, Any] = {}  # set by the executor on the slot's thread
         self._closing = False
         self._busy = 0
         self._threads: list[threading.Thread] = []
-        self._running: dict[int, Running] = {}
-        self._completions: list[tuple[ClaimedJob, Any]] = []
-        self._finished_results: dict[int, Any] = {}  # job id -> result, until the slot retires it
         self._completions_since = 0.0
         # Mean handler time per job (seconds), smoothed; decides how far ahead to claim.
         self._mean_job_s: float | None = None
@@ -103,6 +106,7 @@ class Pool:
             runtime.worker_id,
             count=runtime.count,
             defer_completion=self._defer_completion,
+            emit=runtime.events.emit,
         )
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"durq-{queue}-dispatch", daemon=True)
 
@@ -125,9 +129,9 @@ class Pool:
         self._threads.append(thread)
         thread.start()
 
-    def running(self) -> list[Running]:
+    def running(self) -> list[Attempt]:
         with self._lock:
-            return list(self._running.values())
+            return list(self._running)
 
     def busy(self) -> int:
         with self._lock:
@@ -138,37 +142,22 @@ class Pool:
         with self._lock:
             return self._busy + len(self._ready)
 
-    def buffered_leases(self) -> list[tuple[int, int]]:
-        with self._lock:
-            return [(job.id, job.claim_token) for job in self._ready]
-
-    def apply_buffer_renewal(self, asked: set[int], held: dict[int, bool]) -> None:
-        """Drop buffered jobs whose lease is gone; cancel before they start those an operator stopped.
-
-        ``asked`` holds the ids whose renewal ``held`` answers; jobs claimed since are left alone.
-        """
-        with self._lock:
-            kept: deque[ClaimedJob] = deque()
-            for job in self._ready:
-                if job.id not in asked:
-                    kept.append(job)
-                    continue
-                if job.id not in held:
-                    logger.warning("durq: buffered job %s lost its lease before it started; dropped", job.id)
-                    continue
-                if held[job.id]:
-                    self._cancel_before_start.add(job.id)
-                kept.append(job)
-            self._ready = kept
-
     # --- dispatcher ----------------------------------------------------------------------------
 
     def _target(self) -> int:
-        """How many jobs to hold: one per slot, plus those the slots should start within the horizon."""
+        """How many jobs to hold: one per slot, plus those the slots should start within the horizon.
+
+        Nothing is claimed ahead while a slot runs a job longer than the horizon: the jobs it
+        would hold could start sooner on another worker.
+        """
         mean = self._mean_job_s
         if not self.prefetch_ms or mean is None:
             return self.concurrency
-        ahead = self.concurrency * self.prefetch_ms / 1000 / max(mean, 1e-6)
+        horizon_s = self.prefetch_ms / 1000
+        now = time.monotonic()
+        if any(now - attempt.ctx.started_mono > horizon_s for attempt in self._running):
+            return self.concurrency
+        ahead = self.concurrency * horizon_s / max(mean, 1e-6)
         return self.concurrency + min(MAX_AHEAD, int(ahead))
 
     def _dispatch(self) -> None:
@@ -182,27 +171,36 @@ class Pool:
                     if runtime.stop_claiming.is_set():
                         break  # stopped while waiting: claim nothing more, not even a job just handed back
                 self.kick.clear()
+                hooks.jitter("dispatch")
                 wait_s = runtime.poll_s
+                self._hand_back_stale()
                 with self._lock:
                     held = self._busy + len(self._ready)
                     ready = len(self._ready)
                     pending = len(self._completions)
                     held_for_s = time.monotonic() - self._completions_since
-                target = self._target()
+                    target = self._target()
                 want = target - held
                 # Refill once the buffer is half used (at once when it only covers free slots).
                 self._low_water = (target - self.concurrency) // 2
-                refill = want > 0 and ready <= self._low_water
-                flush = pending > 0 and (pending >= FLUSH_BATCH or held_for_s * 1000 >= COMPLETION_HOLD_MS or refill)
+                # While leases could not be confirmed, claim nothing: a job taken now might be
+                # given to another worker before this process can renew it.
+                refill = want > 0 and ready <= self._low_water and runtime.leases_ok.is_set()
+                overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
+                flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
+                if ready:
+                    wait_s = min(wait_s, BUFFER_MAX_WAIT_S)
                 if not refill and not flush:
                     if pending:
                         wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
                     continue
-                if self._serialized and self._sharing():
+                # Completions held past their window do not wait for the write lock to be shared.
+                if self._serialized and not overdue and self._sharing():
                     rest_s = self._write_free_at - time.monotonic()
                     if rest_s > 0:
                         wait_s = rest_s  # leave the database's single write lock to others a while
                         continue
+                now_mono = time.monotonic()
                 now = runtime.clock.now_ms()
                 named, self._named = self._named, False
                 # A notification naming this queue means a job was just queued: claim without
@@ -218,13 +216,11 @@ class Pool:
                         poll_ms = runtime.settings.poll_interval_ms
                         wait_s = max(poll_ms if due is None else min(due - now, poll_ms), 1) / 1000
                         continue
-                    if lease_due is not None and lease_due <= now:
-                        self._bury_expired(now)
                 # A flush tops the buffer up too: one transaction both records and claims.
                 sharing = self._serialized and time.monotonic() < self._sharing_until
                 if sharing:
                     want = min(want, SERIALIZED_CLAIM_MAX)
-                limit = runtime.claim_budget(want) if want > 0 else 0
+                limit = runtime.claim_budget(want) if refill and want > 0 else 0
                 write_started = time.monotonic()
                 jobs = self._record_completions(self._take_completions(), [limit, now] if limit else [])
                 if sharing:
@@ -234,9 +230,7 @@ class Pool:
                 if limit:
                     probe = len(jobs) < limit
                 if jobs:
-                    with self._has_ready:
-                        self._ready.extend(jobs)
-                        self._has_ready.notify(len(jobs))
+                    self._enter(jobs, now_mono)
                     wait_s = runtime.poll_s
                 if self._completions:
                     wait_s = COMPLETION_HOLD_MS / 1000
@@ -247,7 +241,7 @@ class Pool:
             runtime.request_stop("dispatcher failure")
         finally:
             wakeup.unsubscribe(self.queue, self._wake)
-            self._hand_back_buffer()
+            self._hand_back(everything=True)
             while self.busy() > 0:
                 self.kick.wait(0.05)
                 self.kick.clear()
@@ -257,6 +251,28 @@ class Pool:
                 self._closing = True
                 self._has_ready.notify_all()
             self.finished.set()
+
+    def _enter(self, jobs: list[ClaimedJob], claimed_mono: float) -> None:
+        """Make claimed jobs attempts: into the book (so their leases are kept), then the buffer."""
+        runtime = self.runtime
+        attempts = []
+        for job in jobs:
+            ctx = JobContext(
+                job,
+                worker_id=runtime.worker_id,
+                store=runtime.store,
+                clock=runtime.clock,
+                shutdown=runtime.shutdown,
+                stop_cause=runtime.stop_cause,
+            )
+            # The claim set the lease from a "now" read at claimed_mono: confirmed from there.
+            ctx.confirmed_until = claimed_mono + job.lease_ms / 1000
+            attempts.append(Attempt(job, ctx, self))
+        runtime.book.add(attempts)
+        runtime.keeper_kick()
+        with self._has_ready:
+            self._ready.extend(attempts)
+            self._has_ready.notify(len(attempts))
 
     def _sharing(self) -> bool:
         """Whether another connection wrote to the database lately (SQLite's ``data_version`` moved)."""
@@ -273,27 +289,48 @@ class Pool:
         self._seen_version = version
         return now < self._sharing_until
 
-    def _hand_back_buffer(self) -> None:
-        """Buffered jobs never started: release them for other workers, the attempt not counted."""
+    def _hand_back_stale(self) -> None:
+        """Hand back jobs claimed ahead that waited too long for a slot (a long job took it)."""
         with self._lock:
-            leases = [(job.id, job.claim_token) for job in self._ready]
-            self._ready.clear()
-        if not leases:
+            if not self._ready or time.monotonic() - self._ready[0].buffered_at < BUFFER_MAX_WAIT_S:
+                return
+        self._hand_back(everything=False)
+
+    def _hand_back(self, everything: bool) -> None:
+        """Release buffered jobs that never started for other workers, the attempt not counted."""
+        horizon = time.monotonic() - BUFFER_MAX_WAIT_S
+        with self._lock:
+            if everything:
+                taken, self._ready = list(self._ready), deque()
+            else:
+                taken = [attempt for attempt in self._ready if attempt.buffered_at <= horizon]
+                self._ready = deque(attempt for attempt in self._ready if attempt.buffered_at > horizon)
+        if not taken:
             return
         runtime = self.runtime
+        leases = [attempt.lease for attempt in taken]
+        for attempt in taken:
+            attempt.ctx.settle()
+        hooks.jitter("release")
         try:
-            released = runtime.store.retrying("release", lambda d: d.release(leases))
+            now = runtime.clock.now_ms()
+            released = runtime.store.retrying("release", lambda d: d.release(leases, started=False, now_ms=now))
+            runtime.store.retrying("wake", lambda d: d.notify([self.queue]))
         except Exception:  # their leases expire; no job is lost
             logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
-            return
+            released = 0
+        finally:
+            for attempt in taken:
+                runtime.book.remove(attempt)
         runtime.unclaimed(len(leases))
-        logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
+        if released:
+            logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
 
     def _defer_completion(self, job: ClaimedJob, ctx: JobContext, result: Any) -> None:
         # Taken up by the slot's next _next_job(), inside the lock it takes anyway.
-        self._finished_results[job.id] = result
+        self._finished_results[ctx.lease] = result
 
-    def _take_completions(self) -> list[tuple[ClaimedJob, Any]]:
+    def _take_completions(self) -> list[Attempt]:
         with self._lock:
             taken, self._completions = self._completions, []
         return taken
@@ -312,128 +349,148 @@ class Pool:
             self.runtime.store.retrying("prepare connection", lambda d: d.prepare_dispatcher_connection())
             self._prepared_for = wrapper.connection
 
-    def _record_completions(self, completions: list[tuple[ClaimedJob, Any]], claim: list[int]) -> list[ClaimedJob]:
-        """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction."""
+    def _record_completions(self, completions: list[Attempt], claim: list[int]) -> list[ClaimedJob]:
+        """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction.
+
+        A completion counts (stats, log, ``job_finished``) only when this attempt's own fenced
+        delete removed the row. A row already gone was completed by another attempt — unless the
+        delete had to be retried after a lost connection while this attempt's lease was still
+        confirmed, in which case the first try committed it.
+        """
         runtime = self.runtime
         self._prepare_connection()
-        leases = [(job.id, job.claim_token) for job, _ in completions]
         limit, now = claim if claim else (0, 0)
-        if not leases:
+        if not completions:
             return runtime.store.claim(self.queue, limit, now, runtime.worker_id) if limit > 0 else []
-        done, jobs = runtime.store.retrying(
-            "complete", lambda d: d.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id)
-        )
-        missing = [job.id for job, _ in completions if job.id not in done]
-        if missing:
-            # A retried delete matches nothing when the first try committed but its answer was
-            # lost with the connection. A row that is gone is finished either way; only a row
-            # still there (re-claimed under a newer token) means our lease was lost.
-            present = runtime.store.retrying("check completions", lambda d: d.existing_ids(missing))
-            done = done | (set(missing) - present)
-        self.executor.finished_many([(job, result) for job, result in completions if job.id in done])
-        for job, _ in completions:
-            if job.id not in done:
-                logger.warning(
-                    "durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name
-                )
+        leases = [attempt.lease for attempt in completions]
+        first_try = time.monotonic()
+        tries = 0
+
+        def complete_and_claim(dialect: Dialect) -> tuple[set[Lease], list[ClaimedJob]]:
+            nonlocal tries
+            tries += 1
+            hooks.jitter("complete")
+            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id)
+
+        try:
+            done, jobs = runtime.store.retrying("complete", complete_and_claim)
+            missing = [attempt for attempt in completions if attempt.lease not in done]
+            if missing and tries > 1:
+                present = runtime.store.retrying("check completions", lambda d: d.existing_ids([a.job.id for a in missing]))
+                done |= {a.lease for a in missing if a.job.id not in present and a.ctx.confirmed_until > first_try}
+            self.executor.finished_many([(a.job, a.ctx, a.result) for a in completions if a.lease in done])
+            for attempt in completions:
+                if attempt.lease not in done:
+                    logger.warning(
+                        "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
+                        attempt.job.id,
+                        attempt.job.name,
+                    )
+        finally:
+            for attempt in completions:
+                runtime.book.remove(attempt)
         return jobs
 
-    def _bury_expired(self, now: int) -> None:
+    def bury_expired(self, now: int) -> int:
         """Jobs whose worker died on their last attempt become dead letters (no claim can take them)."""
         runtime = self.runtime
         expired = runtime.store.retrying("scan expired", lambda d: d.expired_final_attempts(self.queue, now))
+        buried = 0
         for job_id, token, name, attempts, errors, holder in expired:
-            self.executor.bury_lost(self.queue, (job_id, token), name, attempts, errors, holder)
+            buried += self.executor.bury_lost(self.queue, (job_id, token), name, attempts, errors, holder) == DEAD
+        return buried
 
     # --- slots -------------------------------------------------------------------------------
 
-    def _next_job(self, finished: Running | None) -> Running | None:
-        """Retire the slot's finished job and take the next buffered one; None when this thread should end.
+    def _next_job(self, finished: Attempt | None) -> Attempt | None:
+        """Retire the slot's finished attempt and take the next buffered one; None when this thread should end.
 
-        One critical section does both, as this runs once per job. A job an operator cancelled
-        while it waited in the buffer starts with its stop request set, and is never run.
+        One critical section does both, as this runs once per job.
         """
         runtime = self.runtime
         flush = False
         with self._has_ready:
             if finished is not None:
-                self._running.pop(finished.job.id, None)
-                result = self._finished_results.pop(finished.job.id, _UNFINISHED)
-                if finished.abandoned:
-                    return None  # a replacement thread already took this slot
-                self._busy -= 1
+                self._running.discard(finished)
+                result = self._finished_results.pop(finished.lease, _UNFINISHED)
                 if result is not _UNFINISHED:
-                    self._completions.append((finished.job, result))
+                    finished.state = FINISHING
+                    finished.result = result
+                    self._completions.append(finished)
                     pending = len(self._completions)
                     if pending == 1:
                         self._completions_since = time.monotonic()
                     flush = pending == 1 or pending == FLUSH_BATCH
+                else:
+                    runtime.book.remove(finished)  # its outcome is recorded, or was never ours to record
+                if finished.abandoned:
+                    if flush:
+                        self.kick.set()
+                    return None  # a replacement thread already took this slot
+                self._busy -= 1
             # Once claiming stops, buffered jobs are no longer started: the dispatcher hands them back.
             while not self._ready or runtime.stop_claiming.is_set():
                 if self._closing:
                     return None
                 self.kick.set()  # a free slot (and maybe a completion): the dispatcher may act
                 self._has_ready.wait()
-            job = self._ready.popleft()
+            attempt = self._ready.popleft()
+            attempt.state = RUNNING
             self._busy += 1
+            self._running.add(attempt)
             left = len(self._ready)
-            ctx = JobContext(
-                job, worker_id=runtime.worker_id, store=runtime.store, clock=runtime.clock, shutdown=runtime.shutdown
-            )
-            if self._cancel_before_start and job.id in self._cancel_before_start:
-                self._cancel_before_start.discard(job.id)
-                ctx.stop_requested = True
-            entry = self._running[job.id] = Running(job, ctx)
         if flush or left == 0 or left == self._low_water:
             self.kick.set()  # completions to record, or the buffer needs refilling
-        return entry
+        return attempt
 
     def _work(self) -> None:
         runtime = self.runtime
         idle_since = 0.0
         slot_connections = SlotConnections()
-        entry: Running | None = None
+        attempt: Attempt | None = None
         while True:
-            entry = self._next_job(entry)
-            if entry is None:
+            attempt = self._next_job(attempt)
+            if attempt is None:
                 break
             started = time.monotonic()
             if started - idle_since > IDLE_CHECK_S:
                 slot_connections.after_idle()
             outcome = "error"
             try:
-                outcome = self.executor.run(entry.job, entry.ctx)
+                outcome = self.executor.run(attempt.job, attempt.ctx)
             except BaseException:  # the database stayed down past every retry
-                logger.exception("durq: could not record the outcome of job %s; its lease will expire", entry.job.id)
+                logger.exception("durq: could not record the outcome of job %s; its lease will expire", attempt.job.id)
             slot_connections.tidy()
             idle_since = time.monotonic()
             took = idle_since - started
             mean = self._mean_job_s
             self._mean_job_s = took if mean is None else mean + (took - mean) / 8
-            if not entry.abandoned:
+            if outcome != ABANDONED:
                 runtime.job_done(outcome)
 
-    def reap_timeouts(self, now: int) -> None:
+    def reap_timeouts(self) -> None:
         """Fail attempts that ran past their timeout and give their slot to a fresh thread.
 
         Python cannot kill a thread: the hung handler keeps running, but its later writes are
         fenced off, and the pool keeps its full number of working slots.
         """
-        for entry in self.running():
-            ctx = entry.ctx
-            if entry.abandoned or ctx.deadline_ms is None or now < ctx.deadline_ms + TIMEOUT_GRACE_MS:
+        for attempt in self.running():
+            overdue_s = attempt.ctx.overdue_by_s()
+            if overdue_s is None or overdue_s * 1000 < TIMEOUT_GRACE_MS or attempt.ctx.settled:
                 continue
             with self._lock:
-                if entry.abandoned or entry.job.id not in self._running:
+                if attempt.abandoned or attempt not in self._running:
                     continue
-                entry.abandoned = True
-                self._running.pop(entry.job.id, None)
+                attempt.abandoned = True
+                self._running.discard(attempt)
                 self._busy -= 1
-            timeout_s = (entry.job.timeout_ms or 0) / 1000
-            failure = Failure("timeout", f"timed out after {timeout_s:g} s; the handler did not return")
-            self.executor.record_failure(entry.job, ctx, failure)
-            self._add_thread()
-            self.kick.set()
+            hooks.jitter("reap")
+            try:
+                self.executor.record_timeout(attempt.job, attempt.ctx)
+            finally:
+                self.runtime.book.remove(attempt)
+                self._add_thread()
+                self.kick.set()
 
 
 class SlotConnections:
@@ -467,9 +524,8 @@ class SlotConnections:
         for connection in self.wrappers:
             if connection.connection is None:
                 continue
-            if connection.in_atomic_block:
-                logger.warning("durq: a handler left a transaction open on %r; rolling it back", connection.alias)
-                connection.close()
+            if connection.in_atomic_block or not connection.get_autocommit():
+                reclaim_connection(connection.alias)  # a handler's, on a database the queue does not use
             elif connection.errors_occurred and not connection.is_usable():
                 connection.close()
             elif connection.close_at is not None and connection.settings_dict["CONN_MAX_AGE"]:

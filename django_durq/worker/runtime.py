@@ -7,12 +7,15 @@ import socket
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 
 from ..clock import Clock
 from ..conf import DurqSettings
 from ..executor import DEAD, FINISHED, RETRYING
 from ..presence import Presence
 from ..store import Store
+from .attempt import AttemptBook
+from .events import Events
 
 
 def new_worker_id() -> str:
@@ -39,9 +42,16 @@ class Runtime:
         self.max_jobs = max_jobs
         self.poll_s = settings.poll_interval_ms / 1000
         self.stop_claiming = threading.Event()  # no new claims (signal, --max-jobs, --max-memory, error)
-        self.shutdown = threading.Event()  # running handlers are asked to stop (signals only)
+        self.shutdown = threading.Event()  # running handlers are asked to stop (any stop the worker decides)
         self.wake_supervisor = threading.Event()
         self.stop_reason = ""
+        # Every attempt this process holds a lease for; the lease keeper renews exactly these.
+        self.book = AttemptBook()
+        # Set while renewals get through; claiming waits while it is clear.
+        self.leases_ok = threading.Event()
+        self.leases_ok.set()
+        self.keeper_kick: Callable[[], None] = lambda: None
+        self.events = Events()
         self._lock = threading.Lock()
         self._claimed = 0
         self.jobs_done = 0
@@ -49,11 +59,25 @@ class Runtime:
         self._stats: dict[tuple[str, int], list[int]] = {}
 
     def request_stop(self, reason: str = "stopping") -> None:
+        """Stop claiming and ask running handlers to stop (``ctx.should_stop()``), saying why.
+
+        Handlers hear it at once, before any grace period starts, whatever decided the stop.
+        """
         with self._lock:
             if not self.stop_reason:
                 self.stop_reason = reason
         self.stop_claiming.set()
+        self.shutdown.set()
         self.wake_supervisor.set()
+
+    def stop_cause(self) -> str:
+        return self.stop_reason
+
+    def leases_at_risk(self) -> None:
+        self.leases_ok.clear()
+
+    def leases_confirmed(self) -> None:
+        self.leases_ok.set()
 
     def stop_on_signal(self, reason: str) -> None:
         """``request_stop()`` for a signal handler, which takes no lock the main thread may hold.

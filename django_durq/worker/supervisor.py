@@ -26,8 +26,10 @@ from ..clock import Clock, SystemClock
 from ..conf import DurqSettings
 from ..db import dialect_for
 from ..db.checks import database_now_ms
+from ..executor import RELEASED, error_list
 from ..models import WorkerProcess
 from ..presence import Presence
+from .keeper import LeaseKeeper
 from .maintenance import MaintenanceRunner
 from .monitor import Monitor
 from .pool import Pool
@@ -57,6 +59,8 @@ class Supervisor:
             settings=settings, clock=clock or SystemClock(), worker_id=worker_id, burst=burst, max_jobs=max_jobs
         )
         self.pools = [Pool(name, size, self.runtime) for name, size in queues.items()]
+        self.keeper = LeaseKeeper(self.runtime)
+        self.runtime.keeper_kick = self.keeper.kick.set
         self.monitor = Monitor(self.runtime, self.pools, max_memory_mb)
         self.watcher = Watcher(settings.database)
         self.maintenance = MaintenanceRunner(self.runtime)
@@ -78,6 +82,14 @@ class Supervisor:
             if self._interrupts > 1:
                 self._on_quit(signum, frame)
         self._signals += 1
+        if self._signals == 1:
+            running = sum(len(pool.running()) for pool in self.pools) if self.pools else 0
+            again = "press Ctrl-C again" if signum == signal.SIGINT else "send SIGQUIT"
+            os.write(
+                2,
+                f"durq: stopping: finishing {running} running job(s), up to {self.grace_ms / 1000:g} s; "
+                f"{again} to stop now (their attempts will count)\n".encode(),
+            )
         self.runtime.stop_on_signal(f"received {signal.Signals(signum).name}")
 
     def _on_quit(self, signum: int, frame: FrameType | None) -> None:
@@ -103,6 +115,8 @@ class Supervisor:
         runtime.presence = Presence.announce(alias, runtime.worker_id)
         self._register()
         self.watcher.start()
+        runtime.events.start()
+        self.keeper.start()
         for pool in self.pools:
             pool.start()
         self.monitor.start()
@@ -123,17 +137,21 @@ class Supervisor:
         finally:
             self.maintenance.stop()
             self.monitor.stop()
+            self.keeper.stop()
             self.monitor.flush(runtime.clock.now_ms())
+            runtime.events.stop()
             self.watcher.stop()
             self._unregister()
             if runtime.presence is not None:
                 runtime.presence.withdraw()
             connections.close_all()
+        handed_back = runtime.outcomes.get(RELEASED, 0)
         logger.info(
-            "durq: worker %s stopped (%s); %d jobs done",
+            "durq: worker %s stopped (%s); %d jobs done, %d handed back",
             runtime.worker_id,
             runtime.stop_reason or "burst done",
-            runtime.jobs_done,
+            runtime.jobs_done - handed_back,
+            handed_back,
         )
         return 0
 
@@ -153,12 +171,25 @@ class Supervisor:
             runtime.wake_supervisor.clear()
         for pool in self.pools:
             pool.flush_completions()
-        leases = [entry.ctx.lease for pool in self.pools for entry in pool.running() if not entry.abandoned]
-        if leases:
-            released = runtime.store.retrying("release", lambda d: d.release(leases))
-            for pool in self.pools:
-                for entry in pool.running():
-                    entry.ctx.lease_lost = True  # whatever the handler does next is not ours to record
+        # Handlers still running past the grace: their attempts are settled here, so whatever
+        # they do next records nothing, and handed back (counted towards MAX_HANDBACKS).
+        released = 0
+        for pool in self.pools:
+            for attempt in pool.running():
+                ctx = attempt.ctx
+                if not ctx.settle():
+                    continue
+                ctx.lease_lost = True
+                try:
+                    outcome = pool.executor.hand_back(attempt.job, ctx, error_list(attempt.job.errors))
+                except Exception:
+                    logger.exception("durq: could not hand back job %s; its lease will expire", attempt.job.id)
+                    continue
+                finally:
+                    runtime.book.remove(attempt)
+                runtime.job_done(outcome)
+                released += outcome == RELEASED
+        if released:
             logger.warning("durq: shutdown grace ran out; released %d running job(s) for other workers", released)
 
     def _warn_about_clock_skew(self) -> None:

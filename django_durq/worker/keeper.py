@@ -1,0 +1,94 @@
+"""The lease keeper: one thread per worker process whose only work is renewing leases.
+
+It renews every lease the process holds (buffered, running, and finished jobs whose completion
+has not committed yet) in one statement, at least three times per lease. It runs no user code,
+reaps nothing and writes no counters, so a slow signal receiver, a long completion batch or a
+stuck dispatcher cannot make a healthy job's lease lapse.
+
+When renewals stop getting through (the database is unreachable, or this thread itself was
+stalled), each attempt's context sees its confirmed lease running out and ``should_stop()``
+turns true ("lease at risk") a margin before the database could give the job away; the process
+also stops claiming until a renewal succeeds again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from .. import hooks
+from .attempt import RUNNING
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+logger = logging.getLogger("django_durq")
+
+MIN_TICK_S = 0.05
+
+
+class LeaseKeeper:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.stopped = threading.Event()
+        self.kick = threading.Event()  # a new attempt with a short lease may need an earlier renewal
+        self._thread = threading.Thread(target=self._loop, name="durq-lease-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.kick.set()
+        self._thread.join(timeout=5)
+
+    def _tick_s(self) -> float:
+        """Renew at the heartbeat interval, and at least three times per shortest lease held."""
+        tick_ms = self.runtime.settings.heartbeat_interval_ms
+        for attempt in self.runtime.book.snapshot():
+            tick_ms = min(tick_ms, attempt.job.lease_ms // 3)
+        return max(tick_ms / 1000, MIN_TICK_S)
+
+    def _loop(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                self.kick.wait(self._tick_s())
+                self.kick.clear()
+                if not self.stopped.is_set():
+                    self.renew_once()
+        except BaseException:
+            logger.exception("durq: the lease keeper stopped on an unexpected error")
+            self.runtime.request_stop("lease keeper failure")
+        finally:
+            connections.close_all()
+
+    def renew_once(self) -> bool:
+        """Renew every lease in the book; False when the renewal could not get through."""
+        runtime = self.runtime
+        attempts = runtime.book.snapshot()
+        if not attempts:
+            runtime.leases_confirmed()
+            return True
+        for attempt in attempts:
+            if attempt.state == RUNNING:
+                hooks.reach("in_heartbeat", attempt.job.id)
+        hooks.jitter("renew")
+        leases = [attempt.lease for attempt in attempts]
+        asked = time.monotonic()
+        try:
+            # Give up in time for the next tick: a renewal that gets through late confirms nothing.
+            held = runtime.store.renew(leases, runtime.clock, give_up_after_s=self._tick_s())
+        except Exception as error:  # noqa: BLE001 - the contexts see their leases run out
+            logger.warning("durq: could not renew %d lease(s): %s; claiming paused until a renewal succeeds", len(leases), error)
+            runtime.leases_at_risk()
+            return False
+        for attempt in attempts:
+            attempt.ctx.apply_renewal(held, asked)
+            if attempt.ctx.lease_lost and attempt.state == RUNNING:
+                logger.warning("durq: job %s lost its lease (taken over or deleted)", attempt.job.id)
+        runtime.leases_confirmed()
+        return True
