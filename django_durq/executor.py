@@ -128,6 +128,11 @@ class Executor:
         that error recorded. Only a database that stays unreachable leaves the job to its lease.
         """
         if not ctx.settle():
+            logger.warning(
+                "durq: job %s (%s) returned after its attempt was settled (timed out or handed back); its outcome is discarded",
+                job.id,
+                job.name,
+            )
             return ABANDONED
         reclaim_connection(self.store.alias, self._before_handler)
         hooks.jitter("outcome")

@@ -117,6 +117,8 @@ if os.environ.get("DURQ_TEST_HOOKS_DIR"):
     DURQ["TEST_HOOKS_DIR"] = os.environ["DURQ_TEST_HOOKS_DIR"]
 if os.environ.get("DURQ_TEST_PREFETCH"):
     DURQ["PREFETCH"] = float(os.environ["DURQ_TEST_PREFETCH"])
+if os.environ.get("DURQ_TEST_MAX_HANDBACKS"):
+    DURQ["MAX_HANDBACKS"] = int(os.environ["DURQ_TEST_MAX_HANDBACKS"])
 if os.environ.get("DURQ_TEST_KEEP_FINISHED"):
     DURQ["KEEP_FINISHED"] = float(os.environ["DURQ_TEST_KEEP_FINISHED"])
 

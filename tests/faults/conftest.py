@@ -172,9 +172,18 @@ def faults(spawn_worker: Callable[..., WorkerProcess], gates: Gates, worker_env:
 
 
 def problems_in(output: str, allowed: tuple[str, ...] = ()) -> list[str]:
-    """Lines logged at ERROR or CRITICAL, and tracebacks, except those naming an allowed fragment."""
+    """Lines logged at ERROR or CRITICAL, and tracebacks, except those naming an allowed fragment.
+
+    A job's failure is logged with its traceback (for error trackers): those lines belong to
+    that record, which counts once, and are not tracebacks of the worker's own.
+    """
     found = []
+    in_job_failure = False
     for line in output.splitlines():
+        if line[:1].isdigit():  # a new log record starts with its timestamp
+            in_job_failure = "durq: job " in line and " failed: " in line
+        elif in_job_failure:
+            continue
         bad = " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
         if bad and not any(fragment in line for fragment in allowed):
             found.append(line)

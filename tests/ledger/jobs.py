@@ -252,3 +252,78 @@ def gil(ctx, seconds=4.0):
 
     ctypes.PyDLL(None).sleep(int(seconds))
     record(ctx, "gil")
+
+
+# --- handlers of the runtime invariant tests (tests/faults/test_invariants.py, test_chaos.py) -----
+
+
+@job(name="tests.outlive_timeout", timeout=timedelta(seconds=5), max_attempts=3)
+def outlive_timeout(ctx, first=8.0, second=4.0):
+    """Attempt 1 ignores its timeout and returns long after it; attempt 2 runs past one lease and finishes."""
+    if ctx.attempt == 1:
+        time.sleep(first)
+        return
+    time.sleep(second)
+    record(ctx, "outlived")
+
+
+@job(name="tests.sleeper")
+def sleeper(ctx, seconds=30.0):
+    """Sleeps through any stop request, every attempt."""
+    time.sleep(seconds)
+    record(ctx, "slept")
+
+
+@job(name="tests.retry_naive")
+def retry_naive(ctx):
+    from datetime import datetime
+
+    raise Retry(after=datetime.now())  # naive: the mistake under test
+
+
+@job(name="tests.autocommit_off")
+def autocommit_off(ctx, tag="autocommit-off"):
+    """Turns autocommit off on the queue's own connection and returns with the transaction open."""
+    transaction.set_autocommit(False)
+    record(ctx, tag)
+
+
+@job(name="tests.span", max_attempts=3)
+def span(ctx, sleep=0.0, fail_first=False):
+    """Records its start and end (``span:<end ms>``), so overlapping executions of one job show."""
+    from django_durq.clock import now_ms as clock_now
+
+    started = clock_now()
+    if sleep:
+        deadline = time.monotonic() + sleep
+        while time.monotonic() < deadline and not ctx.should_stop():
+            time.sleep(0.01)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    ended = clock_now()
+    Effect.objects.create(job_id=ctx.job_id, token=ctx.claim_token, pid=os.getpid(), started_ms=started, tag=f"span:{ended}")
+
+
+# Workers started with DURQ_TEST_SLOW_RECEIVERS=<seconds> have job_dead and job_finished receivers
+# that take that long, like a webhook would; DURQ_TEST_RECORD_EXC_INFO=1 makes a job_dead receiver
+# record which exception sys.exc_info() held when it ran.
+if os.environ.get("DURQ_TEST_SLOW_RECEIVERS"):
+    from django_durq.signals import job_dead, job_finished
+
+    def _slow_receiver(sender, **kwargs):
+        time.sleep(float(os.environ["DURQ_TEST_SLOW_RECEIVERS"]))
+
+    job_dead.connect(_slow_receiver, weak=False)
+    job_finished.connect(_slow_receiver, weak=False)
+
+if os.environ.get("DURQ_TEST_RECORD_EXC_INFO"):
+    import sys
+
+    from django_durq.signals import job_dead as _job_dead
+
+    def _record_exc_info(sender, job_id, **kwargs):
+        kind = sys.exc_info()[0]
+        tag = f"dead-exc:{kind.__name__ if kind is not None else None}"
+        Effect.objects.create(job_id=job_id, token=0, pid=os.getpid(), started_ms=now_ms(), tag=tag)
+
+    _job_dead.connect(_record_exc_info, weak=False)

@@ -1,0 +1,226 @@
+"""The runtime's invariants, each against the way it was once broken.
+
+- An attempt is (job id, claim token): a stale attempt of a job never disturbs a newer one.
+- Leases are kept by a thread that runs nothing else; user code (signal receivers) cannot stall it.
+- A lease never moves backwards; a dead letter is never made under a lease that was just renewed.
+- A cancel is final: across failure, retry and hand-back.
+- A job whose worker died on its last attempt is buried while the other workers are busy.
+- Jobs claimed ahead never wait behind a long job while another worker is idle.
+- Every stop the worker decides itself reaches ``should_stop()``; hand-backs are bounded.
+- Recording an outcome cannot be lost to a bad ``Retry`` or to a transaction a handler left open.
+
+Process tests use the fault suite's short settings (lease 2 s, heartbeat 0.5 s, poll 0.25 s).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from django_durq import ops
+from django_durq.clock import ManualClock, use_clock
+from django_durq.conf import get_settings
+from django_durq.context import JobContext
+from django_durq.executor import Executor
+from django_durq.models import Job
+from django_durq.store import Store
+from django_durq.testing import drain
+from tests.conftest import wait_until
+from tests.faults.conftest import POLL_S, one_leg
+from tests.ledger import jobs
+from tests.ledger.models import Effect
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def status(job_id: int) -> str:
+    return Job.objects.values_list("status", flat=True).get(pk=job_id)
+
+
+def effects(job_id: int, tag: str | None = None) -> list[Effect]:
+    found = Effect.objects.filter(job_id=job_id)
+    return list(found.filter(tag=tag) if tag is not None else found)
+
+
+# --- attempt identity and the lease keeper ---------------------------------------------------------
+
+
+@pytest.mark.processes
+@one_leg
+def test_a_stale_attempt_returning_late_does_not_evict_the_new_attempt_of_its_job(faults):
+    """Attempt 1 outlives its timeout and returns while attempt 2 of the same job runs past a lease."""
+    queued = jobs.outlive_timeout.enqueue(first=8.0, second=4.0)
+    worker = faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: status(queued.pk) in ("finished", "dead"), 60, "the job to end")
+    row = Job.objects.get(pk=queued.pk)
+    kinds = [entry["kind"] for entry in row.error_list]
+    assert (row.status, row.attempts, kinds) == ("finished", 2, ["timeout"]), worker.output()
+    assert [effect.token for effect in effects(queued.pk)] == [2]
+
+
+@pytest.mark.processes
+@one_leg
+def test_a_slow_signal_receiver_does_not_stop_lease_renewals(faults):
+    """A job_dead receiver taking 4 s (twice the lease) runs while a healthy 5 s job must keep its lease."""
+    healthy = jobs.effect.enqueue(tag="healthy", sleep=5.0)
+    hung = jobs.hang.using(max_attempts=1).enqueue(seconds=30.0)
+    worker = faults.spawn_ready("--queue", "default:4", env={"DURQ_TEST_SLOW_RECEIVERS": "4"})
+    wait_until(lambda: status(hung.pk) == "dead", 30, "the hung job to become a dead letter")
+    wait_until(lambda: status(healthy.pk) == "finished", 60, "the healthy job to finish")
+    row = Job.objects.get(pk=healthy.pk)
+    assert len(effects(healthy.pk, "healthy")) == 1, worker.output()
+    assert (row.attempts, row.error_list) == (1, [])
+
+
+def test_a_late_renewal_never_moves_a_lease_backwards(short):
+    clock = ManualClock(1_800_000_000_000)
+    with use_clock(clock):
+        jobs.effect.enqueue()
+        store = Store("default")
+        (claimed,) = store.claim("default", 1, clock.now_ms(), "worker-a")
+        clock.advance(1_000)
+        store.dialect.renew([(claimed.id, claimed.claim_token)], clock.now_ms())
+        renewed = Job.objects.get(pk=claimed.id).lease_expires_ms
+        # A renewal whose "now" was read before a stall arrives after the one above.
+        store.dialect.renew([(claimed.id, claimed.claim_token)], clock.now_ms() - 900)
+        assert Job.objects.get(pk=claimed.id).lease_expires_ms == renewed
+
+
+def test_a_dead_letter_is_never_made_under_a_lease_renewed_since_the_scan(short):
+    clock = ManualClock(1_800_000_000_000)
+    with use_clock(clock):
+        queued = jobs.effect.using(max_attempts=1).enqueue()
+        store = Store("default")
+        (claimed,) = store.claim("default", 1, clock.now_ms(), "worker-a")
+        clock.advance(2_500)
+        (expired,) = store.dialect.expired_final_attempts("default", clock.now_ms())
+        # The holder was only slow: its renewal lands between the scan and the bury.
+        store.dialect.renew([(claimed.id, claimed.claim_token)], clock.now_ms())
+        executor = Executor(store, get_settings(), clock, "worker-b")
+        job_id, token, name, attempts, errors, holder = expired
+        assert executor.bury_lost("default", (job_id, token), name, attempts, errors, holder) == "lost"
+        assert status(queued.pk) == "running"
+
+
+# --- cancel is final --------------------------------------------------------------------------------
+
+
+def test_a_cancel_that_arrives_while_the_attempt_fails_is_not_lost_to_the_retry(short):
+    clock = ManualClock(1_800_000_000_000)
+    with use_clock(clock):
+        queued = jobs.fail.enqueue()
+        store = Store("default")
+        (claimed,) = store.claim("default", 1, clock.now_ms(), "worker-a")
+        ctx = JobContext(claimed, worker_id="worker-a", store=store, clock=clock, shutdown=threading.Event())
+        assert ops.cancel([queued.pk]).stopping == [queued.pk]  # the worker has not heard of it yet
+        Executor(store, get_settings(), clock, "worker-a").run(claimed, ctx)
+        assert status(queued.pk) == "cancelled"
+        assert drain(clock=clock) == {}
+
+
+@pytest.mark.processes
+def test_a_cancel_of_a_job_handed_back_at_shutdown_sticks(faults):
+    queued = jobs.stubborn.enqueue(seconds=30.0)
+    worker = faults.spawn_ready("--queue", "default:1", env={"DURQ_TEST_GRACE": "0.3"})
+    wait_until(lambda: status(queued.pk) == "running", 30, "the job to start")
+    assert ops.cancel([queued.pk]).stopping == [queued.pk]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    assert status(queued.pk) == "cancelled"
+    assert effects(queued.pk) == []
+
+
+# --- lost last attempts, buffers, stops and hand-backs ------------------------------------------------
+
+
+@pytest.mark.processes
+@one_leg
+def test_a_last_attempt_whose_worker_died_is_buried_while_the_other_workers_are_busy(faults):
+    busy = jobs.effect.enqueue(tag="busy", sleep=12.0)
+    survivor = faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: status(busy.pk) == "running", 30, "the survivor to be busy")
+    doomed = jobs.crash.using(max_attempts=1).enqueue(mode="sigkill")
+    victim = faults.spawn("--queue", "default:1")
+    victim.wait(60)
+    # The lease (2 s) runs out, then a poll interval; the survivor's slot stays busy throughout.
+    wait_until(lambda: status(doomed.pk) == "dead", 2.0 + POLL_S + 6.0, "the lost last attempt to be buried")
+    assert status(busy.pk) == "running" and not effects(busy.pk), survivor.output()
+    assert Job.objects.get(pk=doomed.pk).error_list[-1]["message"] == "lease expired: worker lost"
+
+
+@pytest.mark.processes
+@one_leg
+def test_jobs_claimed_ahead_do_not_wait_behind_a_long_job_while_another_worker_is_idle(faults):
+    first = faults.spawn_ready("--queue", "default:1")
+    warmup = jobs.noop.enqueue_many([{} for _ in range(2_000)])
+    wait_until(lambda: not Job.objects.filter(pk__in=[j.pk for j in warmup]).active().exists(), 120, "the warm-up")
+    long = jobs.effect.using(priority=10).enqueue(tag="long", sleep=6.0)
+    short = jobs.stamp.enqueue_many([{"tag": "short"} for _ in range(200)])
+    wait_until(lambda: status(long.pk) == "running", 30, "the long job to start")
+    faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: Effect.objects.filter(tag="short").count() == len(short), 60, "the short jobs")
+    assert not effects(long.pk), first.output()  # all ran while the long job still ran
+    assert not Job.objects.filter(pk__in=[j.pk for j in short], attempts__gt=1).exists()
+
+
+@pytest.mark.processes
+def test_a_stop_the_worker_decides_itself_reaches_should_stop_before_the_grace(faults):
+    queued = jobs.until_stopped.enqueue(seconds=30.0)
+    worker = faults.spawn("--queue", "default:1", "--max-memory", "1")
+    assert worker.wait(60) == 0, worker.output()
+    assert [e.tag for e in effects(queued.pk)] == ["stopper:stopped"], worker.output()
+    assert status(queued.pk) == "waiting"
+
+
+@pytest.mark.processes
+def test_a_job_that_always_outlives_the_grace_becomes_a_dead_letter_after_max_handbacks(faults):
+    queued = jobs.sleeper.enqueue(seconds=60.0)
+    env = {"DURQ_TEST_GRACE": "0.2", "DURQ_TEST_MAX_HANDBACKS": "2"}
+    for _ in range(2):
+        worker = faults.spawn_ready("--queue", "default:1", env=env)
+        wait_until(lambda: status(queued.pk) == "running", 30, "the job to start")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.output()
+    row = Job.objects.get(pk=queued.pk)
+    assert row.status == "dead", worker.output()
+    assert "handed back 2 times" in row.error_list[-1]["message"]
+
+
+# --- outcomes are always recorded -------------------------------------------------------------------
+
+
+def test_a_retry_with_a_naive_datetime_is_a_failed_attempt_not_an_escape(short):
+    clock = ManualClock(1_800_000_000_000)
+    queued = jobs.retry_naive.enqueue()
+    assert drain(clock=clock) == {"retrying": 1}
+    error = Job.objects.get(pk=queued.pk).error_list[0]
+    assert "Retry(after=" in error["message"] and "aware" in error["message"]
+
+
+@pytest.mark.processes
+def test_a_handler_that_leaves_autocommit_off_cannot_swallow_its_outcome(faults):
+    left_open = jobs.autocommit_off.enqueue()
+    after = jobs.effect.enqueue(tag="after")
+    worker = faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: status(left_open.pk) == "finished" and status(after.pk) == "finished", 30, "both jobs")
+    assert "turned autocommit off" in worker.output()
+
+
+# --- signals -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.processes
+def test_job_dead_receivers_see_the_failing_exception_in_exc_info(faults):
+    queued = jobs.fail.using(max_attempts=1).enqueue()
+    faults.spawn_ready("--queue", "default:1", env={"DURQ_TEST_RECORD_EXC_INFO": "1"})
+    wait_until(lambda: effects(queued.pk, "dead-exc:ValueError"), 30, "the job_dead receiver")
+
+
+@pytest.mark.processes
+def test_task_finished_for_a_success_is_sent_by_a_real_worker_when_nothing_is_kept(faults):
+    tasks = pytest.importorskip("tests.ledger.tasks")
+    result = tasks.record.enqueue("signalled")
+    faults.spawn_ready("--queue", "default:1", env={"DURQ_TEST_RECORD_TASK_SIGNALS": "1", "DURQ_TEST_KEEP_FINISHED": "0"})
+    wait_until(lambda: effects(int(result.id), "finished:SUCCESSFUL"), 30, "task_finished from the worker")
