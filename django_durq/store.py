@@ -59,6 +59,7 @@ class Store:
                 delay = min(delay * 2, 1.0 if contention else 5.0)
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        hooks.jitter("claim")
         return self.retrying("claim", lambda d: d.claim(queue, limit, now_ms, worker_id))
 
     def due_times(self, queue: str) -> tuple[int | None, int | None]:

@@ -52,7 +52,8 @@ def effects(job_id: int, tag: str | None = None) -> list[Effect]:
 def test_a_stale_attempt_returning_late_does_not_evict_the_new_attempt_of_its_job(faults):
     """Attempt 1 outlives its timeout and returns while attempt 2 of the same job runs past a lease."""
     queued = jobs.outlive_timeout.enqueue(first=8.0, second=4.0)
-    worker = faults.spawn_ready("--queue", "default:1")
+    # Two slots: one free to take the job over should the new attempt's lease lapse.
+    worker = faults.spawn_ready("--queue", "default:2")
     wait_until(lambda: status(queued.pk) in ("finished", "dead"), 60, "the job to end")
     row = Job.objects.get(pk=queued.pk)
     kinds = [entry["kind"] for entry in row.error_list]
