@@ -154,14 +154,15 @@ def test_t12_recovery_needs_only_the_job_lease(faults, variant):
 @one_leg
 @only_on("sqlite", "postgres")
 def test_t13_killed_worker_with_every_slot_busy_leaves_nothing_behind(faults):
-    busy = jobs.effect.enqueue_many([{"tag": "busy", "sleep": 2.0} for _ in range(4)])
+    # Long enough that the victim is still running them once the rescuer is up, on a busy machine.
+    busy = jobs.effect.enqueue_many([{"tag": "busy", "sleep": 5.0} for _ in range(4)])
     victim = faults.spawn("--queue", "default:4")
     wait_until(lambda: Job.objects.running().count() == 4, 60, "four running jobs")
     rescuer = faults.spawn_ready("--queue", "default:4")
 
     victim.kill()
     wait_until(lambda: is_gone(victim), 5, "no process of the killed worker to remain")
-    wait_until(lambda: Effect.objects.count() == 4, RECOVERY_S + 2 + 5, "the four jobs to be recovered")
+    wait_until(lambda: Effect.objects.count() == 4, RECOVERY_S + 5 + 5, "the four jobs to be recovered")
     wait_until(lambda: not Job.objects.active().exists(), 10, "completion")
 
     for row in Job.objects.all():
@@ -203,12 +204,13 @@ def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
 @one_leg
 @only_on("sqlite", "postgres")
 def test_stalled_heartbeat_loses_the_lease_and_the_late_completion_is_fenced(faults):
-    stalled = jobs.effect.enqueue(tag="stalled", sleep=3.0)
+    # Sleeps on its first claim only: long enough for the rescuer to start on a busy machine.
+    stalled = jobs.stubborn.enqueue(seconds=6.0)
     faults.gates.close("in_heartbeat")  # the heartbeat thread hangs, as on a stuck connection
     holder = faults.spawn("--queue", "default:1", hooks=True)
     faults.gates.wait("in_heartbeat", stalled.pk)
     rescuer = faults.spawn_ready("--queue", "default:1")
-    wait_until(lambda: Effect.objects.filter(pid=rescuer.pid).exists(), RECOVERY_S + 3, "the rescuer to take the job")
+    wait_until(lambda: Effect.objects.filter(pid=rescuer.pid).exists(), RECOVERY_S + 6, "the rescuer to take the job")
     wait_until(lambda: FENCED.search(holder.output()), 15, "the holder's fenced completion")
     faults.gates.open("in_heartbeat")
     wait_until(lambda: Job.objects.get(pk=stalled.pk).status == Status.FINISHED, 15, "the rescuer's completion")
