@@ -11,9 +11,10 @@ _SQLITE_ADD = 'ALTER TABLE durq_job ADD COLUMN "handbacks" integer unsigned NOT 
 _SQLITE_DROP = 'ALTER TABLE durq_job DROP COLUMN "handbacks"'
 
 
-def _field() -> models.Field:
+def _field(model) -> models.Field:
     field = models.PositiveIntegerField(default=0, db_default=0)
     field.set_attributes_from_name("handbacks")
+    field.model = model
     return field
 
 
@@ -21,14 +22,16 @@ def forwards(apps, schema_editor):
     if schema_editor.connection.vendor == "sqlite":
         schema_editor.execute(_SQLITE_ADD)
     else:
-        schema_editor.add_field(apps.get_model("django_durq", "Job"), _field())
+        job = apps.get_model("django_durq", "Job")
+        schema_editor.add_field(job, _field(job))
 
 
 def backwards(apps, schema_editor):
     if schema_editor.connection.vendor == "sqlite":
         schema_editor.execute(_SQLITE_DROP)
     else:
-        schema_editor.remove_field(apps.get_model("django_durq", "Job"), _field())
+        job = apps.get_model("django_durq", "Job")
+        schema_editor.remove_field(job, _field(job))
 
 
 class Migration(migrations.Migration):
