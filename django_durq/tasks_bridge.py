@@ -46,8 +46,9 @@ _running = threading.local()  # (job id, running TaskResult) of the task this th
 def register(task: Any, *, replace: bool = False) -> None:
     """Let workers run ``task`` under its module path; ValueError when a ``@job`` owns that name.
 
-    The job definition takes the task's queue, priority and durq options as its defaults, for
-    jobs queued by name (a cron schedule). A ``using()`` copy of a registered task changes
+    The job definition takes the task's queue, priority and durq options (its backend's
+    ``MAX_ATTEMPTS`` when the task sets none) as its defaults, for jobs queued by name (a cron
+    schedule). A ``using()`` copy of a registered task changes
     nothing; ``replace`` makes ``task`` the registered one (``durq_options`` does).
     """
     name = task.module_path
@@ -60,7 +61,7 @@ def register(task: Any, *, replace: bool = False) -> None:
             name=name,
             queue=task.queue_name,
             priority=task.priority,
-            max_attempts=getattr(task, "max_attempts", None),
+            max_attempts=getattr(task, "max_attempts", None) or getattr(task.get_backend(), "max_attempts", None),
             lease=getattr(task, "lease", None),
             timeout=getattr(task, "timeout", None),
             backoff=None,
@@ -161,6 +162,14 @@ def autodiscover_tasks() -> None:
     autodiscover_modules("tasks")
     for module in modules:
         import_module(module)
+
+
+def durq_backend_configured() -> bool:
+    """Whether a ``TASKS`` backend is a DurqBackend (False when no tasks framework is installed)."""
+    try:
+        return _configured_modules() is not None
+    except ImportError:
+        return False
 
 
 def _configured_modules() -> list[str] | None:
