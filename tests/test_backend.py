@@ -496,6 +496,7 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     later = tasks.async_add.enqueue(20, 22)
     context = tasks.inspect_context.enqueue()
     fail = tasks.fail.using(max_attempts=1).enqueue("worker")
+    once = tasks.flaky.enqueue(succeed_on=2)  # one attempt: no max_attempts, no backend MAX_ATTEMPTS
     waiting = tasks.wait_for_file.enqueue(str(gate))
     worker = spawn_worker(
         "--burst", "--queue", "default:4", env={"DURQ_TEST_KEEP_FINISHED": "3600", "DURQ_TEST_RECORD_TASK_SIGNALS": "1"}
@@ -511,7 +512,7 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     gate.touch()
     assert worker.wait(timeout=60) == 0, worker.output()
 
-    for result in (add, later, context, fail, waiting):
+    for result in (add, later, context, fail, once, waiting):
         result.refresh()
     assert (add.status, add.return_value) == (SUCCESSFUL, 5)
     assert (later.status, later.return_value) == (SUCCESSFUL, 42)
@@ -519,6 +520,9 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     assert context.return_value["stored_status"] == RUNNING and context.return_value["worker_ids"] == context.worker_ids
     assert fail.status == FAILED and fail.errors[0].exception_class is ValueError
     assert "worker" in fail.errors[0].traceback
+    assert (once.status, once.attempts, [error.exception_class for error in once.errors]) == (FAILED, 1, [RuntimeError])
+    assert (add.attempts, add.errors) == (1, []) and add.worker_ids[0].split(":")[1] == str(worker.pid)
+    assert default_task_backend.get_result(add.id).task.run_after is None
     assert Job.objects.get(pk=job_id(add)).name == "tests.ledger.tasks.add"  # an ordinary durq job in the admin
 
     signals_seen = {(effect.job_id, effect.tag) for effect in Effect.objects.all()}
