@@ -128,6 +128,15 @@ def test_run_after_round_trips_to_the_microsecond(clock, zone):
     assert result.task.run_after == when
 
 
+def test_a_naive_run_after_round_trips_without_time_zones(clock, settings):
+    settings.USE_TZ = False
+    when = datetime(2027, 3, 4, 5, 6, 24, 123456)
+    result = tasks.add.using(run_after=when).enqueue(1, 2)
+    read = default_task_backend.get_result(result.id)
+    assert read.task.run_after == when and read.enqueued_at.tzinfo is None
+    same_result(read, result)
+
+
 def test_a_run_after_in_the_past_reads_back_as_given(clock):
     when = datetime(2020, 1, 2, 3, 4, 5, 999999, tzinfo=UTC)
     result = tasks.add.using(run_after=when).enqueue(1, 2)
