@@ -7,6 +7,7 @@ them, one ``task_enqueued`` per enqueue, ids that never name another task, the o
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -34,6 +35,7 @@ from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.models import Job
 from django_durq.testing import drain
+from tests.conftest import ROOT, run_command
 from tests.ledger import tasks
 
 pytestmark = pytest.mark.django_db
@@ -206,6 +208,20 @@ def test_the_one_line_setting_passes_the_checks(settings):
     settings.TASKS = ONE_LINE
     assert [message.id for message in default_task_backend.check() if message.level >= checks.ERROR] == []
     assert get_settings().keep_finished_ms == 24 * 3600 * 1000
+
+
+def test_manage_py_check_passes_with_the_one_line_setting(tmp_path):
+    # A new site: durq installed, the one line, nothing else.
+    (tmp_path / "one_line_settings.py").write_text(
+        'SECRET_KEY = "one-line"\n'
+        'INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_durq"]\n'
+        f'DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": "{tmp_path / "site.sqlite3"}"}}}}\n'
+        'TASKS = {"default": {"BACKEND": "django_durq.backend.DurqBackend"}}\n'
+        + ('INSTALLED_APPS.append("django_tasks")\n' if FRAMEWORK == "django_tasks" else "")
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "one_line_settings", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = run_command("check", env=env)
+    assert done.returncode == 0 and "durq.E101" not in done.stdout + done.stderr, done.stderr
 
 
 def test_the_one_line_setting_keeps_results(clock, settings):
