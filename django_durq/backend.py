@@ -12,7 +12,6 @@ which can happen before the app registry is ready.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.apps import apps
@@ -21,13 +20,13 @@ from django.utils import timezone
 
 from . import tasks_bridge
 from .conf import get_settings
-from .exceptions import InvalidPayload
-from .payload import check_json
+from .task_arguments import normalized_arguments
 
-# ``x as x`` marks what tasks_bridge's worker side reads from here.
+# Each ``name as name`` below is read from here by tasks_bridge, which runs tasks on the worker.
 from .task_context import DurqTaskContext
 from .task_context import task_context as task_context
-from .task_framework import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, normalize_json, task_enqueued
+from .task_framework import BaseTaskBackend, InvalidTask, TaskResultDoesNotExist, task_enqueued
+from .task_framework import normalize_json as normalize_json
 from .task_framework import task_finished as task_finished
 from .task_framework import task_started as task_started
 from .task_options import DEFAULT_MAX_ATTEMPTS, DurqTask, durq_options, max_attempts_problem, validate_options
@@ -90,8 +89,8 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
         self.validate_task(task)
         from .enqueue import enqueue_one
 
-        args = _normalized(list(args), "args")
-        kwargs = _normalized(dict(kwargs), "kwargs")
+        args = normalized_arguments(list(args), "args")
+        kwargs = normalized_arguments(dict(kwargs), "kwargs")
         options: dict[str, Any] = {"queue": task.queue_name, "priority": task.priority, "max_attempts": self.max_attempts}
         columns: dict[str, Any] = {"result_key": new_result_key()}
         if task.run_after is not None:
@@ -194,43 +193,6 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
                 )
             )
         return problems
-
-
-def _normalized(value: Any, root: str) -> Any:
-    """Django's JSON normalisation of task arguments, failing as ``@job`` does: naming the value."""
-    try:
-        return normalize_json(value)
-    except (TypeError, ValueError):
-        raise _payload_error(value, root) from None
-
-
-def _payload_error(value: Any, path: str) -> InvalidPayload:
-    """The error for the first value under ``value`` that Django's normalisation refuses."""
-    if isinstance(value, Mapping):
-        for key, child in value.items():
-            if _refused(key):
-                return _payload_error(key, f"{path} key")
-            if _refused(child):
-                return _payload_error(child, f"{path}[{key!r}]")
-    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        for index, child in enumerate(value):
-            if _refused(child):
-                return _payload_error(child, f"{path}[{index}]")
-    elif isinstance(value, bytes):
-        return InvalidPayload(f"{path} is bytes that are not UTF-8 text", path=path)
-    try:
-        check_json(value, path)
-    except InvalidPayload as error:
-        return error
-    return InvalidPayload(f"{path} is of type {type(value).__name__}, which is not JSON", path=path)
-
-
-def _refused(value: Any) -> bool:
-    try:
-        normalize_json(value)
-    except (TypeError, ValueError):
-        return True
-    return False
 
 
 def _keep_finished_ms(queue: str) -> int:
