@@ -8,6 +8,7 @@ the django-tasks backport).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -530,6 +531,28 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     for result in (add, later, context, waiting):
         assert {(job_id(result), "started:RUNNING"), (job_id(result), "finished:SUCCESSFUL")} <= signals_seen
     assert {(job_id(fail), "started:RUNNING"), (job_id(fail), "finished:FAILED")} <= signals_seen
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_a_task_given_retries_is_retried_by_a_real_worker(spawn_worker):
+    flaky = tasks.flaky.using(max_attempts=2).enqueue(succeed_on=2)
+    failing = tasks.fail.enqueue("twice")  # durq_options(max_attempts=2)
+    worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_KEEP_FINISHED": "3600"})
+
+    def finished(result):
+        result.refresh()
+        return result.is_finished
+
+    wait_until(lambda: worker.popen.poll() is not None or (finished(flaky) and finished(failing)), 60, "both tasks to finish")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0, worker.output()
+
+    assert (flaky.status, flaky.return_value, flaky.attempts) == (SUCCESSFUL, 2, 2)
+    assert [error.exception_class for error in flaky.errors] == [RuntimeError]
+    assert (failing.status, failing.attempts) == (FAILED, 2)
+    assert [error.exception_class for error in failing.errors] == [ValueError, ValueError]
+    assert all("ValueError: twice" in error.traceback for error in failing.errors)
 
 
 def test_a_worker_refuses_a_task_name_it_never_registered(clock, keep_results):
