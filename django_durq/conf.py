@@ -325,6 +325,7 @@ def get_settings() -> DurqSettings:
     if _cached is None:
         from django.conf import settings
 
+        # Imported here: the bridge reads settings itself, and only TASKS says whether results are read.
         from .tasks_bridge import durq_backend_configured
 
         _cached = parse(getattr(settings, "DURQ", None), results_read=durq_backend_configured())

@@ -48,8 +48,8 @@ def register(task: Any, *, replace: bool = False) -> None:
 
     The job definition takes the task's queue, priority and durq options (its backend's
     ``MAX_ATTEMPTS`` when the task sets none) as its defaults, for jobs queued by name (a cron
-    schedule). A ``using()`` copy of a registered task changes
-    nothing; ``replace`` makes ``task`` the registered one (``durq_options`` does).
+    schedule). A ``using()`` copy of a registered task changes nothing; ``replace`` makes
+    ``task`` the registered one (``durq_options`` does).
     """
     name = task.module_path
     with _lock:
