@@ -82,8 +82,9 @@ def result_for_job(job: Job, task: Any, alias: str, *, copy_task: bool = True) -
 
     ``started_at`` and ``last_attempted_at`` are both the start of the latest attempt: durq keeps
     one start time per job. ``errors`` has one entry per failed attempt, ``worker_ids`` one per
-    attempt. With ``copy_task`` the result's task carries the row's queue, priority and the
-    ``run_after`` it was queued with.
+    attempt. With ``copy_task`` the result's task carries what the row was queued with: queue,
+    priority, ``run_after``, and of durq's options ``unique`` and a ``max_attempts`` other than
+    the task's own (``lease`` and ``timeout`` stay the task's).
     """
     status = STATUS_MAP[job.status]
     entries = job.error_list
@@ -92,7 +93,12 @@ def result_for_job(job: Job, task: Any, alias: str, *, copy_task: bool = True) -
         errors.append(TaskError(exception_class_path=_CANCELLED, traceback=f"{_CANCELLED}: cancelled before it ran"))
     if copy_task:
         run_after = _local(_EPOCH + job.run_after_us * _MICROSECOND) if job.run_after_us is not None else None
-        task = _copy_task(task, queue_name=job.queue, priority=job.priority, run_after=run_after, backend=alias)
+        changes: dict[str, Any] = {"queue_name": job.queue, "priority": job.priority, "run_after": run_after, "backend": alias}
+        if hasattr(task, "unique"):  # a DurqTask
+            changes["unique"] = job.unique_key
+            if job.max_attempts != (task.max_attempts or getattr(task.get_backend(), "max_attempts", None)):
+                changes["max_attempts"] = job.max_attempts
+        task = _copy_task(task, **changes)
     result: Any = TaskResult(
         task=task,
         id=f"{job.pk}-{result_key_of(job)}",

@@ -68,6 +68,7 @@ def same_result(read, enqueued):
         assert getattr(read, name) == getattr(enqueued, name), name
     for name in TASK_FIELDS:
         assert getattr(read.task, name) == getattr(enqueued.task, name), f"task.{name}"
+    assert read.task == enqueued.task and read == enqueued
 
 
 # --- one attempt unless asked ---------------------------------------------------------------------
@@ -143,6 +144,13 @@ def test_a_run_after_in_the_past_reads_back_as_given(clock):
     when = datetime(2020, 1, 2, 3, 4, 5, 999999, tzinfo=UTC)
     result = tasks.add.using(run_after=when).enqueue(1, 2)
     assert default_task_backend.get_result(result.id).task.run_after == when
+
+
+def test_durq_options_given_at_enqueue_read_back(clock):
+    result = tasks.add.using(max_attempts=3, unique="sum:1:2").enqueue(1, 2)
+    same_result(default_task_backend.get_result(result.id), result)
+    result = tasks.fail.using(max_attempts=1).enqueue()  # below its durq_options(max_attempts=2)
+    same_result(default_task_backend.get_result(result.id), result)
 
 
 def test_a_task_enqueued_without_run_after_reads_back_without_one(clock):
