@@ -17,6 +17,9 @@ from .backoff import Backoff
 from .clock import seconds_to_ms
 
 DEFAULT_QUEUE = "default"
+# How long finished jobs are kept when a TASKS backend reads results from them and KEEP_FINISHED
+# is not set: a day covers a result read back by the next request, a retried page or a daily report.
+TASK_RESULTS_KEEP_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,12 @@ class _Parser:
         return value
 
 
-def parse(raw: Any) -> DurqSettings:
-    """A :class:`DurqSettings` from the raw ``DURQ`` value, with every problem recorded."""
+def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
+    """A :class:`DurqSettings` from the raw ``DURQ`` value, with every problem recorded.
+
+    ``results_read``: a task backend reads results from finished jobs, so unless ``KEEP_FINISHED``
+    says otherwise they are kept for ``TASK_RESULTS_KEEP_MS`` rather than deleted at once.
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -170,7 +177,7 @@ def parse(raw: Any) -> DurqSettings:
     poll_ms = p.duration_ms("POLL_INTERVAL", defaults.poll_interval_ms, minimum_ms=10)
     grace_ms = p.duration_ms("SHUTDOWN_GRACE", defaults.shutdown_grace_ms, minimum_ms=0)
     timeout_ms = p.duration_ms("TIMEOUT", None, allow_none=True)
-    keep_finished_ms = p.duration_ms("KEEP_FINISHED", 0, minimum_ms=0)
+    keep_finished_ms = p.duration_ms("KEEP_FINISHED", TASK_RESULTS_KEEP_MS if results_read else 0, minimum_ms=0)
     keep_dead_ms = p.duration_ms("KEEP_DEAD", None, allow_none=True, minimum_ms=0)
     prefetch_ms = p.duration_ms("PREFETCH", defaults.prefetch_ms_default, minimum_ms=0)
     max_attempts = p.positive_int(raw, "MAX_ATTEMPTS", defaults.max_attempts, 'DURQ["MAX_ATTEMPTS"]')
@@ -322,12 +329,15 @@ def get_settings() -> DurqSettings:
     if _cached is None:
         from django.conf import settings
 
-        _cached = parse(getattr(settings, "DURQ", None))
+        # Imported here: the bridge reads settings itself, and only TASKS says whether results are read.
+        from .tasks_bridge import durq_backend_configured
+
+        _cached = parse(getattr(settings, "DURQ", None), results_read=durq_backend_configured())
     return _cached
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     global _cached
-    if setting == "DURQ":
+    if setting in ("DURQ", "TASKS"):
         _cached = None

@@ -34,9 +34,10 @@ def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     return registry.require(name).enqueue(*args, **kwargs)
 
 
-def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
+def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any], columns: dict[str, Any] | None = None) -> Job:
+    """Queue one job; ``columns`` sets nullable columns an enqueue otherwise leaves NULL."""
     registry.require(definition.name)
-    values = _values(definition, args, kwargs)
+    values = _values(definition, args, kwargs) | (columns or {})
     alias = get_settings().database
     if values["unique_key"] is None:
         job = _jobs(values, [(_insert(values, alias), values["arguments"])], alias)[0]

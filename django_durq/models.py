@@ -85,6 +85,11 @@ class Job(models.Model):
     progress_total = models.BigIntegerField(null=True, blank=True)
     errors = models.TextField(default="[]", help_text="JSON list: one entry per failed attempt.")
     unique_key = models.CharField(max_length=255, null=True, blank=True, help_text="Dedupe key.")
+    # Only rows queued by Django's tasks framework set these two (see task_results.py).
+    result_key = models.BigIntegerField(null=True, blank=True, help_text="Random part of the task's result id.")
+    run_after_us = models.BigIntegerField(
+        null=True, blank=True, help_text="The task's run_after in epoch microseconds; NULL when it had none."
+    )
     # The dedupe key while the job is active, NULL otherwise. A plain unique index on this column
     # gives "one active job per key" on every database, MariaDB included (it has no partial
     # indexes, and Django drops a conditional UniqueConstraint there with models.W036). Dead and

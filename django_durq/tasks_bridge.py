@@ -51,9 +51,10 @@ _RUNNING_MAX = 10_000
 def register(task: Any, *, replace: bool = False) -> None:
     """Let workers run ``task`` under its module path; ValueError when a ``@job`` owns that name.
 
-    The job definition takes the task's queue, priority and durq options as its defaults, for
-    jobs queued by name (a cron schedule). A ``using()`` copy of a registered task changes
-    nothing; ``replace`` makes ``task`` the registered one (``durq_options`` does).
+    The job definition takes the task's queue, priority and durq options (its backend's
+    ``MAX_ATTEMPTS`` when the task sets none) as its defaults, for jobs queued by name (a cron
+    schedule). A ``using()`` copy of a registered task changes nothing; ``replace`` makes
+    ``task`` the registered one (``durq_options`` does).
     """
     name = task.module_path
     with _lock:
@@ -65,7 +66,7 @@ def register(task: Any, *, replace: bool = False) -> None:
             name=name,
             queue=task.queue_name,
             priority=task.priority,
-            max_attempts=getattr(task, "max_attempts", None),
+            max_attempts=getattr(task, "max_attempts", None) or getattr(task.get_backend(), "max_attempts", None),
             lease=getattr(task, "lease", None),
             timeout=getattr(task, "timeout", None),
             backoff=None,
@@ -170,6 +171,14 @@ def autodiscover_tasks() -> None:
     autodiscover_modules("tasks")
     for module in modules:
         import_module(module)
+
+
+def durq_backend_configured() -> bool:
+    """Whether a ``TASKS`` backend is a DurqBackend (False when no tasks framework is installed)."""
+    try:
+        return _configured_modules() is not None
+    except ImportError:
+        return False
 
 
 def _configured_modules() -> list[str] | None:

@@ -128,8 +128,9 @@ if BUILT_IN_TASKS or importlib.util.find_spec("django_tasks"):
     if not BUILT_IN_TASKS:
         INSTALLED_APPS.append("django_tasks")  # the backport is an app: its checks and signals
     TASKS = {"default": {"BACKEND": "django_durq.backend.DurqBackend", "QUEUES": ["default", "fast", "slow"]}}
-    # The suite keeps no finished jobs unless asked (DURQ_TEST_KEEP_FINISHED); tests that read
-    # results turn retention on themselves.
+    # The suite keeps no finished jobs unless asked (DURQ_TEST_KEEP_FINISHED), as without a tasks
+    # backend; tests that read results turn retention on themselves. An explicit 0 is durq.E101.
+    DURQ.setdefault("KEEP_FINISHED", 0)
     SILENCED_SYSTEM_CHECKS = ["durq.E101"]
 
 LOGGING = {

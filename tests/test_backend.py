@@ -8,6 +8,7 @@ the django-tasks backport).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -89,8 +90,12 @@ def at(ms):
     return ms_to_datetime(ms)
 
 
+def job_id(result):
+    return int(result.id.split("-")[0])
+
+
 def row(result):
-    return Job.objects.get(pk=int(result.id))
+    return Job.objects.get(pk=job_id(result))
 
 
 # Module-level functions (a task must be one) for the validation tests.
@@ -120,7 +125,7 @@ def test_building_the_backend_loads_no_model():
 
 def test_enqueue_returns_a_ready_result_backed_by_a_durq_job(clock):
     result = tasks.add.enqueue(2, 3)
-    assert result.id.isdigit() and result.task is tasks.add and result.backend == "default"
+    assert result.id == f"{row(result).pk}-{row(result).result_key}" and result.task is tasks.add and result.backend == "default"
     assert (result.status, result.args, result.kwargs, result.errors, result.worker_ids) == (READY, [2, 3], {}, [], [])
     assert result.enqueued_at == at(clock.now_ms())
     assert result.started_at is result.last_attempted_at is result.finished_at is None
@@ -197,7 +202,7 @@ def test_failed_task_is_ready_between_attempts_then_failed_with_every_error(cloc
 
 
 def test_a_retried_task_that_succeeds_keeps_the_error_of_its_failed_attempt(clock, keep_results):
-    result = tasks.flaky.enqueue(succeed_on=2)
+    result = tasks.flaky.using(max_attempts=2).enqueue(succeed_on=2)
     drain(clock=clock)
     clock.advance(timedelta(minutes=2))
     drain(clock=clock)
@@ -215,8 +220,8 @@ def test_a_return_value_that_is_not_json_fails_the_task(clock, keep_results):
 
 def test_dead_and_cancelled_jobs_are_failed_tasks(clock):
     dead, cancelled = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
-    Job.objects.filter(pk=int(dead.id)).update(status="dead", finished_ms=clock.now_ms())
-    Job.objects.filter(pk=int(cancelled.id)).update(status="cancelled", finished_ms=clock.now_ms())
+    Job.objects.filter(pk=job_id(dead)).update(status="dead", finished_ms=clock.now_ms())
+    Job.objects.filter(pk=job_id(cancelled)).update(status="cancelled", finished_ms=clock.now_ms())
     assert default_task_backend.get_result(dead.id).status == FAILED
     cancelled_result = default_task_backend.get_result(cancelled.id)
     assert cancelled_result.status == FAILED and cancelled_result.finished_at == at(clock.now_ms())
@@ -284,7 +289,7 @@ def test_a_dedupe_key_returns_the_task_already_queued(clock, signal_log):
 
 
 def test_context_is_djangos_with_durq_controls(clock, keep_results):
-    result = tasks.inspect_context.enqueue()
+    result = tasks.inspect_context.using(max_attempts=2).enqueue()
     drain(clock=clock)
     result.refresh()
     seen = result.return_value
@@ -293,7 +298,7 @@ def test_context_is_djangos_with_durq_controls(clock, keep_results):
     assert (seen["heartbeat"], seen["should_stop"], seen["is_last_attempt"], seen["progress"]) == (True, False, False, True)
     assert (row(result).progress_done, row(result).progress_total) == (1, 2)
 
-    last = tasks.inspect_context.using(max_attempts=1).enqueue()
+    last = tasks.inspect_context.enqueue()  # one attempt, as every task without max_attempts
     drain(clock=clock)
     last.refresh()
     assert last.return_value["is_last_attempt"] is True
@@ -422,7 +427,7 @@ def test_unknown_result_ids(result_id):
 def test_a_plain_durq_job_is_not_a_task_result(clock):
     plain_job = jobs.noop.enqueue()
     with pytest.raises(TaskResultDoesNotExist):
-        default_task_backend.get_result(str(plain_job.pk))
+        default_task_backend.get_result(f"{plain_job.pk}-{plain_job.created_ms}")
 
 
 def test_a_result_of_another_task_is_a_mismatch(clock):
@@ -492,6 +497,7 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     later = tasks.async_add.enqueue(20, 22)
     context = tasks.inspect_context.enqueue()
     fail = tasks.fail.using(max_attempts=1).enqueue("worker")
+    once = tasks.flaky.enqueue(succeed_on=2)  # one attempt: no max_attempts, no backend MAX_ATTEMPTS
     waiting = tasks.wait_for_file.enqueue(str(gate))
     worker = spawn_worker(
         "--burst", "--queue", "default:4", env={"DURQ_TEST_KEEP_FINISHED": "3600", "DURQ_TEST_RECORD_TASK_SIGNALS": "1"}
@@ -507,7 +513,7 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     gate.touch()
     assert worker.wait(timeout=60) == 0, worker.output()
 
-    for result in (add, later, context, fail, waiting):
+    for result in (add, later, context, fail, once, waiting):
         result.refresh()
     assert (add.status, add.return_value) == (SUCCESSFUL, 5)
     assert (later.status, later.return_value) == (SUCCESSFUL, 42)
@@ -515,20 +521,45 @@ def test_tasks_run_on_a_real_worker(spawn_worker, tmp_path):
     assert context.return_value["stored_status"] == RUNNING and context.return_value["worker_ids"] == context.worker_ids
     assert fail.status == FAILED and fail.errors[0].exception_class is ValueError
     assert "worker" in fail.errors[0].traceback
-    assert Job.objects.get(pk=int(add.id)).name == "tests.ledger.tasks.add"  # an ordinary durq job in the admin
+    assert (once.status, once.attempts, [error.exception_class for error in once.errors]) == (FAILED, 1, [RuntimeError])
+    assert (add.attempts, add.errors) == (1, []) and add.worker_ids[0].split(":")[1] == str(worker.pid)
+    assert default_task_backend.get_result(add.id).task.run_after is None
+    assert Job.objects.get(pk=job_id(add)).name == "tests.ledger.tasks.add"  # an ordinary durq job in the admin
 
     signals_seen = {(effect.job_id, effect.tag) for effect in Effect.objects.all()}
     assert {effect.pid for effect in Effect.objects.all()} == {worker.pid}
     for result in (add, later, context, waiting):
-        assert {(int(result.id), "started:RUNNING"), (int(result.id), "finished:SUCCESSFUL")} <= signals_seen
-    assert {(int(fail.id), "started:RUNNING"), (int(fail.id), "finished:FAILED")} <= signals_seen
+        assert {(job_id(result), "started:RUNNING"), (job_id(result), "finished:SUCCESSFUL")} <= signals_seen
+    assert {(job_id(fail), "started:RUNNING"), (job_id(fail), "finished:FAILED")} <= signals_seen
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_a_task_given_retries_is_retried_by_a_real_worker(spawn_worker):
+    flaky = tasks.flaky.using(max_attempts=2).enqueue(succeed_on=2)
+    failing = tasks.fail.enqueue("twice")  # durq_options(max_attempts=2)
+    worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_KEEP_FINISHED": "3600"})
+
+    def finished(result):
+        result.refresh()
+        return result.is_finished
+
+    wait_until(lambda: worker.popen.poll() is not None or (finished(flaky) and finished(failing)), 60, "both tasks to finish")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0, worker.output()
+
+    assert (flaky.status, flaky.return_value, flaky.attempts) == (SUCCESSFUL, 2, 2)
+    assert [error.exception_class for error in flaky.errors] == [RuntimeError]
+    assert (failing.status, failing.attempts) == (FAILED, 2)
+    assert [error.exception_class for error in failing.errors] == [ValueError, ValueError]
+    assert all("ValueError: twice" in error.traceback for error in failing.errors)
 
 
 def test_a_worker_refuses_a_task_name_it_never_registered(clock, keep_results):
     forged = tasks.add.enqueue(1, 1)
-    Job.objects.filter(pk=int(forged.id)).update(name="os.system", max_attempts=1)
+    Job.objects.filter(pk=job_id(forged)).update(name="os.system", max_attempts=1)
     assert drain(clock=clock) == {"dead": 1}
-    (entry,) = Job.objects.get(pk=int(forged.id)).error_list
+    (entry,) = Job.objects.get(pk=job_id(forged)).error_list
     assert entry["kind"] == "unknown_job"
 
 
@@ -549,7 +580,7 @@ def test_a_cron_schedule_can_name_a_task(clock, settings):
     assert schedules.tick(clock.now_ms())["ran"] == 1
     (job_row,) = Job.objects.all()
     drain(clock=clock)
-    assert tasks.add.get_result(str(job_row.pk)).return_value == 3
+    assert tasks.add.get_result(f"{job_row.pk}-{job_row.created_ms}").return_value == 3
 
 
 def test_a_task_queued_by_name_takes_its_declared_queue_priority_and_options(clock, settings):
@@ -557,4 +588,4 @@ def test_a_task_queued_by_name_takes_its_declared_queue_priority_and_options(clo
 
     job_row = enqueue("tests.ledger.tasks.fast_add", 1, 2)
     assert (job_row.queue, job_row.priority, job_row.max_attempts) == ("fast", 7, 4)
-    assert tasks.fast_add.get_result(str(job_row.pk)).status == READY
+    assert tasks.fast_add.get_result(f"{job_row.pk}-{job_row.created_ms}").status == READY

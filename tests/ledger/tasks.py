@@ -55,7 +55,7 @@ async def async_add(a, b):
 @task(takes_context=True)
 def record(context, tag):
     Effect.objects.create(
-        job_id=int(context.task_result.id), token=context.attempt, pid=os.getpid(), started_ms=now_ms(), tag=tag
+        job_id=int(context.task_result.id.split("-")[0]), token=context.attempt, pid=os.getpid(), started_ms=now_ms(), tag=tag
     )
     return tag
 
@@ -115,7 +115,7 @@ if os.environ.get("DURQ_TEST_RECORD_TASK_SIGNALS"):
     def _record(name):
         def receiver(sender, task_result, **kwargs):
             Effect.objects.create(
-                job_id=int(task_result.id),
+                job_id=int(task_result.id.split("-")[0]),
                 token=len(task_result.worker_ids),
                 pid=os.getpid(),
                 started_ms=now_ms(),
