@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_durq", "0002_partial_indexes"),
+        ("django_durq", "0003_handbacks"),
     ]
 
     operations = [
