@@ -2,6 +2,12 @@
 
 Only :class:`SystemClock` reads the wall clock. Everything else is handed ``now_ms``
 so leases, backoff and schedules are tested by moving a :class:`ManualClock`.
+
+Lease expiry, due times and cron compare times written by different hosts, so on PostgreSQL
+and MariaDB every process reads the *database server's* clock: :class:`ServerClock` measures
+it once in a while and counts forward on this host's monotonic clock, so neither a host whose
+wall clock is off nor a step of that clock (NTP) moves the queue's timeline. SQLite is used on
+one host only, whose clock all processes share.
 """
 
 from __future__ import annotations
@@ -9,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -44,15 +50,101 @@ class ManualClock:
             self._now = now_ms
 
 
-_current: Clock = SystemClock()
+class ServerClock:
+    """The database server's clock: measured every ``refresh_s`` seconds, counted on the monotonic clock between.
+
+    ``read_server_ms`` returns the server's time in epoch milliseconds, or None where there is
+    no other host to agree with (SQLite): then this is ``base``. A measurement is placed at the
+    middle of its round trip, so it is off by at most half the round trip (``uncertainty_ms``);
+    the monotonic clock then drifts from the server's by what NTP slews, a few ms a minute at
+    most. When the server cannot be read, the last measurement goes on counting.
+    """
+
+    def __init__(self, read_server_ms: Callable[[], int | None], base: Clock | None = None, refresh_s: float = 30.0) -> None:
+        self._read = read_server_ms
+        self.base = base or SystemClock()
+        self.refresh_s = refresh_s
+        self.uncertainty_ms = 0.0
+        self.offset_ms = 0  # the server's clock minus this host's, at the last measurement
+        self._anchor: tuple[int, int] | None = None  # (server ms, monotonic ns) of the last measurement
+        self._measured_ns = 0
+        self._measured_once = False
+        self._lock = threading.Lock()
+
+    def now_ms(self) -> int:
+        if not self._measured_once or time.monotonic_ns() - self._measured_ns > self.refresh_s * 1e9:
+            self.measure(quiet=True)
+        anchor = self._anchor
+        if anchor is None:
+            return self.base.now_ms()
+        return anchor[0] + (time.monotonic_ns() - anchor[1]) // 1_000_000
+
+    def measure(self, quiet: bool = False) -> None:
+        """Read the server's clock now; with ``quiet``, a failure keeps the last measurement."""
+        with self._lock:
+            self._measured_ns = time.monotonic_ns()
+            self._measured_once = True
+            before = time.monotonic_ns()
+            try:
+                server = self._read()
+            except Exception:
+                if quiet:
+                    return
+                raise
+            after = time.monotonic_ns()
+            if server is None:
+                self._anchor = None
+                return
+            middle = (before + after) // 2
+            self._anchor = (server, middle)
+            self.uncertainty_ms = (after - before) / 2e6
+            self.offset_ms = server - self.base.now_ms() + (time.monotonic_ns() - middle) // 1_000_000
+
+
+class ShiftedClock:
+    """``base`` moved by a fixed offset: a host whose wall clock is off, for tests and drills."""
+
+    def __init__(self, offset_ms: int, base: Clock | None = None) -> None:
+        self.offset_ms = offset_ms
+        self.base = base or SystemClock()
+
+    def now_ms(self) -> int:
+        return self.base.now_ms() + self.offset_ms
+
+
+def database_clock(alias: str | None = None, base: Clock | None = None, refresh_s: float = 30.0) -> ServerClock:
+    """A :class:`ServerClock` reading the queue's database (``DURQ["DATABASE"]`` by default)."""
+
+    def read() -> int | None:
+        from django.db import connections
+
+        from .conf import get_settings
+        from .db.checks import database_now_ms
+
+        return database_now_ms(connections[alias or get_settings().database])
+
+    return ServerClock(read, base=base, refresh_s=refresh_s)
+
+
+_current: Clock | None = None
 
 
 def now_ms() -> int:
-    return _current.now_ms()
+    return get_clock().now_ms()
 
 
 def get_clock() -> Clock:
+    """The process-wide clock: the database's timeline unless a test or an embedder set another."""
+    global _current
+    if _current is None:
+        _current = database_clock()
     return _current
+
+
+def set_clock(clock: Clock | None) -> None:
+    """Make ``clock`` the process-wide clock (None: back to the database's timeline)."""
+    global _current
+    _current = clock
 
 
 @contextlib.contextmanager

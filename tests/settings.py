@@ -117,6 +117,14 @@ if os.environ.get("DURQ_TEST_HOOKS_DIR"):
     DURQ["TEST_HOOKS_DIR"] = os.environ["DURQ_TEST_HOOKS_DIR"]
 if os.environ.get("DURQ_TEST_PREFETCH"):
     DURQ["PREFETCH"] = float(os.environ["DURQ_TEST_PREFETCH"])
+if os.environ.get("DURQ_TEST_SKEW_MS"):
+    # This process runs on a "host" whose wall clock is off by that much (tests/faults/test_clock.py).
+    from django_durq import clock as _clock
+
+    _skew_ms = int(os.environ["DURQ_TEST_SKEW_MS"])
+    _wall_ms = _clock.SystemClock.now_ms
+    _clock.SystemClock.now_ms = lambda self: _wall_ms(self) + _skew_ms  # type: ignore[method-assign]
+
 if os.environ.get("DURQ_TEST_MAX_HANDBACKS"):
     DURQ["MAX_HANDBACKS"] = int(os.environ["DURQ_TEST_MAX_HANDBACKS"])
 if os.environ.get("DURQ_TEST_KEEP_FINISHED"):

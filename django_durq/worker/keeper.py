@@ -1,7 +1,8 @@
 """The lease keeper: one thread per worker process whose only work is renewing leases.
 
 It renews every lease the process holds (buffered, running, and finished jobs whose completion
-has not committed yet) in one statement, at least three times per lease. It runs no user code,
+has not committed yet) in one statement, at least three times per lease, and re-reads the
+database server's clock (see ``clock.ServerClock``) as it goes. It runs no user code,
 reaps nothing and writes no counters, so a slow signal receiver, a long completion batch or a
 stuck dispatcher cannot make a healthy job's lease lapse.
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from .. import hooks
+from ..clock import ServerClock
 from .attempt import RUNNING
 
 if TYPE_CHECKING:
@@ -69,6 +71,9 @@ class LeaseKeeper:
     def renew_once(self) -> bool:
         """Renew every lease in the book; False when the renewal could not get through."""
         runtime = self.runtime
+        clock = runtime.clock
+        if isinstance(clock, ServerClock):
+            clock.measure(quiet=True)  # the database's clock, re-read at every renewal
         attempts = runtime.book.snapshot()
         if not attempts:
             runtime.leases_confirmed()

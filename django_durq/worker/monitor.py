@@ -92,7 +92,7 @@ class Monitor:
         if runtime.presence is not None and runtime.jobs_done == self._recorded_done:
             return  # the presence lock says this worker is alive: an idle worker writes nothing
         done = runtime.jobs_done
-        runtime.store.retrying(
+        updated = runtime.store.retrying(
             "worker heartbeat",
             lambda d: (
                 WorkerProcess.objects.using(runtime.settings.database)
@@ -100,4 +100,9 @@ class Monitor:
                 .update(last_seen_ms=now, jobs_done=done)
             ),
         )
+        if not updated:
+            # Another worker judged this one gone (a long stall, a clock that was off) and
+            # removed its row: write it again, so this live worker is listed.
+            logger.warning("durq: this worker's row was removed while it lived; writing it again")
+            runtime.store.retrying("register worker", lambda d: runtime.register(now, done))
         self._recorded_done = done

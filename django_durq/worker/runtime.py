@@ -51,6 +51,8 @@ class Runtime:
         self.leases_ok = threading.Event()
         self.leases_ok.set()
         self.keeper_kick: Callable[[], None] = lambda: None
+        # Writes this worker's row anew (now_ms, jobs done): set by the supervisor.
+        self.register: Callable[[int, int], None] = lambda now_ms, jobs_done: None
         self.events = Events()
         self._lock = threading.Lock()
         self._claimed = 0

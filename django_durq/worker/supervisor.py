@@ -22,10 +22,9 @@ from types import FrameType
 
 from django.db import connections
 
-from ..clock import Clock, SystemClock
+from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
 from ..db import dialect_for
-from ..db.checks import database_now_ms
 from ..executor import RELEASED, error_list
 from ..models import WorkerProcess
 from ..presence import Presence
@@ -55,9 +54,7 @@ class Supervisor:
     ) -> None:
         self.queues = queues
         self.settings = settings
-        self.runtime = Runtime(
-            settings=settings, clock=clock or SystemClock(), worker_id=worker_id, burst=burst, max_jobs=max_jobs
-        )
+        self.runtime = Runtime(settings=settings, clock=clock or get_clock(), worker_id=worker_id, burst=burst, max_jobs=max_jobs)
         self.pools = [Pool(name, size, self.runtime) for name, size in queues.items()]
         self.keeper = LeaseKeeper(self.runtime)
         self.runtime.keeper_kick = self.keeper.kick.set
@@ -68,6 +65,7 @@ class Supervisor:
         self.on_tick = on_tick
         self._signals = 0
         self._interrupts = 0
+        self._started_ms = 0
 
     # --- signals -------------------------------------------------------------------------------
 
@@ -110,7 +108,7 @@ class Supervisor:
             dialect.vendor,
             dialect.exclusivity,
         )
-        self._warn_about_clock_skew()
+        self._report_clock()
         # The lock is held before the row exists, so a row with a released lock is a dead worker's.
         runtime.presence = Presence.announce(alias, runtime.worker_id)
         self._register()
@@ -192,37 +190,38 @@ class Supervisor:
         if released:
             logger.warning("durq: shutdown grace ran out; released %d running job(s) for other workers", released)
 
-    def _warn_about_clock_skew(self) -> None:
-        """Leases compare this host's clock with other hosts' through the database: say if it is off."""
-        connection = connections[self.settings.database]
-        database_ms = self.runtime.store.retrying("clock check", lambda d: database_now_ms(connection))
-        if database_ms is None:
+    def _report_clock(self) -> None:
+        """Say how far this host's clock is from the database's, whose timeline the queue uses."""
+        clock = self.runtime.clock
+        if not isinstance(clock, ServerClock):
             return
-        skew_ms = self.runtime.clock.now_ms() - database_ms
-        if abs(skew_ms) * 10 > self.settings.lease_ms:
+        self.runtime.store.retrying("clock check", lambda d: clock.measure())
+        if abs(clock.offset_ms) >= 1_000:
             logger.warning(
-                "durq: this host's clock is %+.1f s off the database server's, a tenth of the %g s lease or more; "
-                "run NTP on every worker host or leases may be taken over early",
-                skew_ms / 1000,
-                self.settings.lease_ms / 1000,
+                "durq: this host's clock is %+.1f s off the database server's; leases, due times and schedules use "
+                "the database server's clock (to within %.1f ms), but run NTP on every host all the same",
+                -clock.offset_ms / 1000,
+                clock.uncertainty_ms,
             )
 
     def _register(self) -> None:
+        self.runtime.register = self._write_row
         now = self.runtime.clock.now_ms()
-        self.runtime.store.retrying(
-            "register worker",
-            lambda d: WorkerProcess.objects.using(self.settings.database).update_or_create(
-                worker_id=self.runtime.worker_id,
-                defaults={
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "queues": json.dumps(self.queues),
-                    "started_ms": now,
-                    "last_seen_ms": now,
-                    "jobs_done": 0,
-                },
-            ),
+        self.runtime.store.retrying("register worker", lambda d: self._write_row(now, 0))
+
+    def _write_row(self, now: int, jobs_done: int) -> None:
+        WorkerProcess.objects.using(self.settings.database).update_or_create(
+            worker_id=self.runtime.worker_id,
+            defaults={
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": json.dumps(self.queues),
+                "started_ms": self._started_ms or now,
+                "last_seen_ms": now,
+                "jobs_done": jobs_done,
+            },
         )
+        self._started_ms = self._started_ms or now
 
     def _unregister(self) -> None:
         try:
