@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError, connections
 
-from . import hooks
+from . import hooks, wakeup
 from .clock import Clock, datetime_to_ms, ms_to_datetime, seconds_to_ms
 from .conf import DurqSettings
 from .context import LEASE_AT_RISK, LEASE_LOST, SHUTDOWN, TIMED_OUT, JobContext
@@ -196,6 +196,7 @@ class Executor:
         released = self.store.retrying("release", lambda d: d.release([ctx.lease], started=True, now_ms=self.clock.now_ms()))
         if not released:
             return LOST
+        self._wake(job.queue)
         if jobs_log.isEnabledFor(logging.INFO):
             detail = ctx.stop_detail() or "stopping"
             jobs_log.info("durq: job %s (%s) handed back (%s)", job.id, job.name, detail, extra=_extra(job))
@@ -316,6 +317,8 @@ class Executor:
         if not held:
             logger.warning("durq: job %s (%s) failed after its lease was lost; the failure was ignored", job.id, job.name)
             return LOST
+        if run_at is not None and run_at <= now:
+            self._wake(job.queue)  # due again at once: idle workers elsewhere need not wait for their poll
         extra = {**_extra(job), "duration": time.monotonic() - ctx.started_mono}
         if outcome == DEAD:
             jobs_log.error(
@@ -354,6 +357,14 @@ class Executor:
         if held and jobs_log.isEnabledFor(logging.INFO):
             jobs_log.info("durq: job %s (%s) cancelled", job.id, job.name, extra=_extra(job))
         return CANCELLED_OUTCOME if held else LOST
+
+    def _wake(self, queue: str) -> None:
+        """Tell idle workers, here and in other processes, that a job of ``queue`` is due now."""
+        try:
+            self.store.retrying("wake", lambda d: d.notify([queue]), give_up_after_s=1.0)
+        except Exception:
+            logger.debug("durq: could not wake other workers for queue %r", queue, exc_info=True)
+        wakeup.notify([queue])
 
     def _entry(self, attempt: int, failure: Failure, worker: str) -> dict[str, Any]:
         return {

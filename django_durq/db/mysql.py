@@ -42,9 +42,17 @@ FOR UPDATE SKIP LOCKED
 _INSERT_ROWS = 1_000
 _INSERT_CHARS = 2_000_000
 
-# What the wake-up watcher polls on MariaDB/MySQL, which have no LISTEN/NOTIFY: a new committed
-# row raises it. One primary-key seek, read in autocommit, so each read sees the latest commits.
+# What the wake-up watcher polls on MariaDB, which has no LISTEN/NOTIFY: the ids above a floor,
+# read in autocommit so that each read sees the latest commits. A primary-key range: the newest
+# few rows, and the ids of transactions that committed after later ones (see watcher.py).
 NEWEST_JOB = f"SELECT MAX(id) FROM {JOB}"
+JOB_IDS_ABOVE = f"SELECT id FROM {JOB} WHERE id > %s ORDER BY id LIMIT 1000"
+
+
+def job_ids_among(count: int) -> str:
+    """Which of ``count`` ids exist: primary-key lookups of the gaps the watcher waits on."""
+    return f"SELECT id FROM {JOB} WHERE id IN ({', '.join(['%s'] * count)})"
+
 
 # Deadlock found; lock wait timeout: both roll back the statement and are safe to retry.
 _LOCK_ERRNOS = {1213, 1205}

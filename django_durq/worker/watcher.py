@@ -3,8 +3,11 @@
 PostgreSQL: a dedicated connection LISTENs; enqueue sends NOTIFY in its transaction, so the
 notification arrives only after commit. SQLite: ``PRAGMA data_version`` changes when another
 connection commits to the file; reading it takes no lock. MariaDB/MySQL have neither: a
-connection of the watcher's own reads the highest job id every ``MYSQL_CHECK_S``, which a
-committed enqueue from any host raises. On any trouble the watcher kicks every pool, so a lost
+connection of the watcher's own reads the newest job ids every ``MYSQL_CHECK_S``: a committed
+enqueue from any host adds one. Ids are handed out when a transaction inserts, not when it
+commits, so a transaction that commits after a later one leaves a gap below the highest id seen;
+the watcher keeps such gaps in view (for ``GAP_S``) and wakes the pools when one fills.
+On any trouble the watcher kicks every pool, so a lost
 notification costs at most one probe, never a job; the poll interval is the last safety net.
 """
 
@@ -20,7 +23,7 @@ from django.db import connections
 
 from .. import wakeup
 from ..db import dialect_for
-from ..db.mysql import NEWEST_JOB
+from ..db.mysql import JOB_IDS_ABOVE, NEWEST_JOB, job_ids_among
 from ..db.postgresql import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_durq")
@@ -28,6 +31,10 @@ logger = logging.getLogger("django_durq")
 SQLITE_CHECK_S = 0.01  # 100 cheap reads a second: ~5 ms of added wake-up latency on average
 # A read on the database server, from every worker process: 40 a second each, ~12 ms of latency.
 MYSQL_CHECK_S = 0.025
+# How long the watcher waits for a gap in the ids to fill (a transaction still open, or one that
+# rolled back), and how many gaps it keeps in view at most; past either, the poll interval covers.
+GAP_S = 5.0
+MAX_GAPS = 100
 
 
 class Watcher:
@@ -88,20 +95,19 @@ class Watcher:
         try:
             raw.autocommit(True)  # every read starts a fresh snapshot
             cursor = raw.cursor()
-
-            def newest() -> Any:
-                cursor.execute(NEWEST_JOB)
-                return cursor.fetchone()[0]
-
-            last = newest()
+            cursor.execute(NEWEST_JOB)
+            last = cursor.fetchone()[0] or 0
+            gaps = IdGaps(last)
             wakeup.notify_all()  # anything enqueued before we looked
             while not self.stopped.wait(MYSQL_CHECK_S):
-                current = newest()
-                # Only a rise means a new job: the highest id also falls when a finished job
-                # is deleted, and that should not wake every idle pool for nothing.
-                if current is not None and (last is None or current > last):
+                cursor.execute(JOB_IDS_ABOVE, [gaps.last])
+                ids = [row[0] for row in cursor.fetchall()]
+                open_gaps = gaps.open()
+                if open_gaps:
+                    cursor.execute(job_ids_among(len(open_gaps)), open_gaps)
+                    ids += [row[0] for row in cursor.fetchall()]
+                if gaps.saw(sorted(ids), time.monotonic()):
                     wakeup.notify_all()
-                last = current
         finally:
             raw.close()
 
@@ -138,3 +144,38 @@ class Watcher:
                 wakeup.notify(queues)
             elif not ready:
                 time.sleep(0)
+
+
+class IdGaps:
+    """Which job ids the MariaDB watcher has yet to see: those above the highest seen, and the gaps below it."""
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+        self._gaps: dict[int, float] = {}  # id -> when it was first missed (monotonic)
+
+    def open(self) -> list[int]:
+        """Ids below the highest seen that were not there yet: still open, rolled back, or deleted."""
+        return sorted(self._gaps)
+
+    def saw(self, ids: list[int], now: float) -> bool:
+        """Take in the ids read (above ``last``, and among ``open()``); True when one is new (a job was queued)."""
+        present = set(ids)
+        new = False
+        for gap in [gap for gap in self._gaps if gap in present]:
+            del self._gaps[gap]
+            new = True
+        above = [job_id for job_id in ids if job_id > self.last]
+        if above:
+            new = True
+            top = above[-1]
+            if top - self.last - len(above) <= MAX_GAPS:
+                for missing in set(range(self.last + 1, top)) - present:
+                    self._gaps[missing] = now
+            self.last = top
+        for gap, since in list(self._gaps.items()):
+            if now - since > GAP_S:
+                del self._gaps[gap]
+        if len(self._gaps) > MAX_GAPS:
+            for gap in sorted(self._gaps)[: len(self._gaps) - MAX_GAPS]:
+                del self._gaps[gap]
+        return new

@@ -1,0 +1,63 @@
+"""Idle workers wake for every job that becomes due, whatever the order of the commits that made it so.
+
+The workers here poll only every 30 s, so a job that runs within seconds was woken for.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connections, transaction
+
+from django_durq.models import Job
+from tests.conftest import wait_until
+from tests.ledger import jobs
+from tests.ledger.models import Effect
+
+from .conftest import only_on
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+SLOW_POLL = {"DURQ_TEST_POLL": "30"}
+
+
+@only_on("postgres", "mysql")  # SQLite's writers are serialized: no commit can overtake another
+def test_a_wake_up_is_not_missed_when_commits_arrive_out_of_id_order(faults):
+    faults.spawn_ready("--queue", "default:1", env=SLOW_POLL)
+    time.sleep(0.5)
+    inserted, release = threading.Event(), threading.Event()
+
+    def earlier_transaction() -> None:
+        try:
+            with transaction.atomic():
+                jobs.stamp.enqueue(tag="earlier")  # takes the lower id
+                inserted.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=earlier_transaction)
+    thread.start()
+    try:
+        assert inserted.wait(10)
+        jobs.stamp.enqueue(tag="later")  # a higher id, committed first
+        wait_until(lambda: Effect.objects.filter(tag="later").exists(), 10, "the job committed first")
+    finally:
+        release.set()
+        thread.join()
+    wait_until(lambda: Effect.objects.filter(tag="earlier").exists(), 5, "the job committed after a later one")
+
+
+@only_on("postgres")  # SQLite wakes on any commit; MariaDB on new jobs only (docs/runtime.md)
+def test_a_job_handed_back_at_shutdown_wakes_an_idle_worker_elsewhere(faults):
+    queued = jobs.stop_aware.enqueue(seconds=30.0, marker_dir=str(faults.gates.folder))
+    stopping = faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: Job.objects.get(pk=queued.pk).status == "running", 30, "the job to start")
+    faults.spawn_ready("--queue", "default:1", env=SLOW_POLL)
+    time.sleep(0.5)
+    stopping.signal(signal.SIGTERM)
+    assert stopping.wait(30) == 0, stopping.output()
+    wait_until(lambda: Effect.objects.filter(job_id=queued.pk, tag="stop_aware").exists(), 5, "the other worker to take it")
