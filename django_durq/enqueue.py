@@ -8,11 +8,12 @@ usable. A dedupe key that is already taken by an active job returns that job
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import DEFERRED
 
 from . import wakeup
@@ -169,25 +170,30 @@ def _job_attnames() -> list[str]:
 def _insert_unique(values: dict[str, Any], alias: str) -> Job:
     from .models import ACTIVE_STATUSES, Job
 
+    connection = connections[alias]
+    dialect = dialect_for(connection)
+    key = values["unique_key"]
+    turn = getattr(dialect, "dedupe_turn", None)
     # The savepoint keeps a caller's transaction usable when the key turns out to be taken
-    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError).
+    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError), and lets a
+    # lock error in the race for the key be retried.
     for _ in range(10):
         try:
-            with transaction.atomic(using=alias):
+            with transaction.atomic(using=alias), turn(key) if turn is not None else contextlib.nullcontext():
                 job_id = _insert(values, alias)
             return _jobs(values, [(job_id, values["arguments"])], alias)[0]
         except IntegrityError:
-            existing = (
-                Job.objects.using(alias)
-                .filter(unique_key=values["unique_key"], status__in=ACTIVE_STATUSES)
-                .order_by("id")
-                .first()
-            )
+            existing = Job.objects.using(alias).filter(unique_key=key, status__in=ACTIVE_STATUSES).order_by("id").first()
             if existing is not None:
                 existing.deduplicated = True
                 return existing
             # The holder of the key finished between our insert and our look-up: try again.
-    raise IntegrityError(f"could not enqueue with unique key {values['unique_key']!r}: it keeps changing hands")
+        except OperationalError as error:
+            # Retried only when the savepoint undid the insert alone; a database that rolled
+            # back the caller's whole transaction (an InnoDB deadlock) leaves nothing to retry in.
+            if not dialect.is_lock_error(error) or connection.needs_rollback:
+                raise
+    raise IntegrityError(f"could not enqueue with unique key {key!r}: it keeps changing hands")
 
 
 def _insert(values: dict[str, Any], alias: str) -> int:
