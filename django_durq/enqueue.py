@@ -35,8 +35,9 @@ def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     return registry.require(name).enqueue(*args, **kwargs)
 
 
-def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> Job:
+def enqueue_one(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Job:
     registry.require(definition.name)
+    definition.check_arguments(args, kwargs)
     values = _values(definition, args, kwargs)
     alias = get_settings().database
     if values["unique_key"] is None:
@@ -49,13 +50,17 @@ def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, An
     return job
 
 
-def enqueue_many(definition: JobDefinition, items: list[dict[str, Any]]) -> list[Job]:
+def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]]) -> list[Job]:
     registry.require(definition.name)
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidPayload(
                 f"items[{index}] is {type(item).__name__}; enqueue_many takes keyword dicts", path=f"items[{index}]"
             )
+        try:
+            definition.check_arguments((), item)
+        except TypeError as error:
+            raise TypeError(f"items[{index}]: {error}") from None
     if definition.options.unique is not None:
         return [enqueue_one(definition, [], dict(item)) for item in items]
     if not items:
@@ -90,8 +95,12 @@ def on_commit_of(using: str, enqueue_call: Callable[[], Any]) -> None:
     transaction.on_commit(enqueue_call, using=using)
 
 
-def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The new job's row: every column an enqueue writes, validated; the others are NULL or computed."""
+def _values(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The new job's row: every column an enqueue writes; the others are NULL or computed.
+
+    The options were validated where they were given (``@job``, ``using()``); only what needs
+    the settings is checked here.
+    """
     from .models import Status
 
     settings = get_settings()
@@ -104,20 +113,21 @@ def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) 
     else:
         run_at = created
     queue = options.queue or definition.queue or DEFAULT_QUEUE
-    if not isinstance(queue, str) or ":" in queue or len(queue) > 100:
-        raise ValueError(f"queue name {queue!r} is not valid: at most 100 characters, no ':'")
-    unique = options.unique
-    if unique is not None and (not isinstance(unique, str) or not unique or len(unique) > 255):
-        raise ValueError("unique must be a non-empty string of at most 255 characters")
-    lease_ms = seconds_to_ms(options.lease) if options.lease is not None else (definition.lease_ms or settings.lease_ms)
+    if options.lease is not None:
+        lease_ms = seconds_to_ms(options.lease)
+        if lease_ms < 2 * settings.heartbeat_interval_ms:
+            raise ValueError(
+                f"lease is {lease_ms / 1000:g} s, less than two heartbeat intervals ({settings.heartbeat_interval_ms / 1000:g} s"
+                ' each, DURQ["HEARTBEAT_INTERVAL"]): a worker would lose the job between two heartbeats'
+            )
+    else:
+        lease_ms = definition.lease_ms or settings.lease_ms
     if options.timeout is not None:
         timeout_ms: int | None = seconds_to_ms(options.timeout)
     else:
         timeout_ms = definition.timeout_ms or settings.timeout_ms
     max_attempts = options.max_attempts or definition.max_attempts or settings.max_attempts
     priority = options.priority if options.priority is not None else definition.priority
-    if not -32768 <= priority <= 32767:
-        raise ValueError(f"priority {priority} is out of range (-32768 to 32767)")
     return {
         "name": definition.name,
         "queue": queue,
@@ -130,7 +140,7 @@ def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) 
         "created_ms": created,
         "lease_ms": lease_ms,
         "timeout_ms": timeout_ms,
-        "unique_key": unique,
+        "unique_key": options.unique,
         "claim_token": 0,
         "claimed_by": "",
         "stop_requested": False,

@@ -9,17 +9,37 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
 
 if TYPE_CHECKING:
+    from .context import JobContext
     from .models import Job
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# The widths of the columns these values are stored in (models.Job).
+MAX_NAME_LENGTH = 200
+MAX_QUEUE_LENGTH = 100
+MAX_UNIQUE_LENGTH = 255
+PRIORITY_RANGE = (-32768, 32767)
+
+
+def unknown_job_message(name: str) -> str:
+    """What a worker records for a job whose name has no handler in its process."""
+    return (
+        f"unknown job type {name!r}: no handler is registered under this name in this worker; handlers are "
+        "registered when their module is imported: put them in an installed app's jobs.py, or list their "
+        'module in DURQ["MODULES"]'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +55,78 @@ class JobOptions:
     lease: timedelta | float | None = None
     timeout: timedelta | float | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse a bad option where it is given, before any SQL, with the message ``@job`` gives."""
+        if self.queue is not None:
+            check_queue(self.queue)
+        if self.priority is not None:
+            check_priority(self.priority)
+        if self.unique is not None:
+            check_unique(self.unique)
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime):
+                raise TypeError(f"run_at must be an aware datetime, not {type(self.run_at).__name__}")
+            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
+                raise ValueError("run_at must be an aware datetime (naive datetimes have no defined instant)")
+        if self.run_in is not None:
+            check_duration("run_in", self.run_in, allow_zero=True)
+        if self.run_at is not None and self.run_in is not None:
+            raise ValueError("pass run_at or run_in, not both")
+        if self.max_attempts is not None:
+            check_max_attempts(self.max_attempts)
+        if self.lease is not None:
+            check_duration("lease", self.lease)
+        if self.timeout is not None:
+            check_duration("timeout", self.timeout)
 
-class JobDefinition:
+
+def check_queue(queue: object) -> None:
+    if not isinstance(queue, str):
+        raise TypeError(f"queue must be a queue name (str), not {type(queue).__name__}")
+    if not queue or ":" in queue or len(queue) > MAX_QUEUE_LENGTH:
+        raise ValueError(f"queue name {queue!r} is not valid: 1 to {MAX_QUEUE_LENGTH} characters, no ':'")
+
+
+def check_priority(priority: object) -> None:
+    low, high = PRIORITY_RANGE
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be a whole number from {low} to {high}, not {type(priority).__name__}")
+    if not low <= priority <= high:
+        raise ValueError(f"priority {priority} is out of range ({low} to {high})")
+
+
+def check_unique(unique: object) -> None:
+    if not isinstance(unique, str):
+        raise TypeError(f"unique must be a string (the dedupe key), not {type(unique).__name__}")
+    if not unique or len(unique) > MAX_UNIQUE_LENGTH:
+        raise ValueError(f"unique must be a non-empty string of at most {MAX_UNIQUE_LENGTH} characters")
+
+
+def check_max_attempts(max_attempts: object) -> None:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise TypeError(f"max_attempts must be a whole number of at least 1, not {type(max_attempts).__name__}")
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts is {max_attempts}; it must be at least 1")
+
+
+def check_duration(option: str, value: object, *, allow_zero: bool = False) -> None:
+    """``value`` is a timedelta or a number of seconds, positive (or zero where ``allow_zero``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise TypeError(f"{option} must be a timedelta or a number of seconds, not {type(value).__name__}")
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{option} is {value!r}; it must be a finite duration")
+    if seconds < 0 or (seconds_to_ms(value) == 0 and not allow_zero):
+        least = "zero or more" if allow_zero else "at least a millisecond"
+        raise ValueError(f"{option} is {value!r}; it must be {least}")
+
+
+class JobDefinition(Generic[P, R]):
     """A registered handler; call ``enqueue()`` on it to queue work."""
 
     def __init__(
         self,
-        func: Callable[..., Any],
+        func: Callable[Concatenate[JobContext, P], R],
         *,
         name: str,
         queue: str | None,
@@ -53,7 +138,23 @@ class JobDefinition:
         cron: str | None,
         options: JobOptions | None = None,
     ) -> None:
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+            raise ValueError(f"job name {name!r} is not valid: a string of 1 to {MAX_NAME_LENGTH} characters")
+        if queue is not None:
+            check_queue(queue)
+        check_priority(priority)
+        if max_attempts is not None:
+            check_max_attempts(max_attempts)
+        if lease is not None:
+            check_duration("lease", lease)
+        if timeout is not None:
+            check_duration("timeout", timeout)
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"backoff must be a django_durq.backoff.Backoff, not {type(backoff).__name__}")
+        if cron is not None and not isinstance(cron, str):
+            raise TypeError(f"cron must be a cron expression (str), not {type(cron).__name__}")
         self.func = func
+        self.arguments = _arguments(func)
         self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
         self.queue = queue
@@ -72,9 +173,18 @@ class JobDefinition:
     def __repr__(self) -> str:
         return f"<job {self.name}>"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the handler directly (a test, or synchronous use); nothing is queued."""
-        return self.func(*args, **kwargs)
+        return self.func(ctx, *args, **kwargs)
+
+    def check_arguments(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` naming the handler and the argument when the handler could not take these."""
+        if self.arguments is None:
+            return
+        try:
+            self.arguments.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(_binding_error(self, error, kwargs)) from None
 
     def using(
         self,
@@ -87,8 +197,8 @@ class JobDefinition:
         max_attempts: int | None = None,
         lease: timedelta | float | None = None,
         timeout: timedelta | float | None = None,
-    ) -> JobDefinition:
-        """A copy of this definition whose next ``enqueue()`` uses these options."""
+    ) -> JobDefinition[P, R]:
+        """A copy of this definition whose next ``enqueue()`` uses these options; a bad option raises here."""
         if run_at is not None and run_in is not None:
             raise ValueError("pass run_at or run_in, not both")
         changes: dict[str, Any] = {
@@ -105,12 +215,18 @@ class JobDefinition:
             }.items()
             if value is not None
         }
-        clone = object.__new__(JobDefinition)
+        # A due time given here replaces one given to an earlier using(), whichever kind it was.
+        if run_at is not None:
+            changes["run_in"] = None
+        if run_in is not None:
+            changes["run_at"] = None
+        options = dataclasses.replace(self.options, **changes)
+        clone: JobDefinition[P, R] = object.__new__(JobDefinition)
         clone.__dict__.update(self.__dict__)
-        clone.options = dataclasses.replace(self.options, **changes)
+        clone.options = options
         return clone
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Queue one run; returns the ``Job`` (an existing one when its dedupe key was taken)."""
         from .enqueue import enqueue_one
 
@@ -175,8 +291,27 @@ def _origin(func: Callable[..., Any]) -> tuple[str, str]:
 registry = Registry()
 
 
+@overload
+def job(func: Callable[Concatenate[JobContext, P], R], /) -> JobDefinition[P, R]: ...
+
+
+@overload
+def job(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    lease: timedelta | float | None = None,
+    timeout: timedelta | float | None = None,
+    backoff: Backoff | None = None,
+    cron: str | None = None,
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
+
+
 def job(
     func: Callable[..., Any] | None = None,
+    /,
     *,
     name: str | None = None,
     queue: str | None = None,
@@ -191,13 +326,13 @@ def job(
 
     ``name`` defaults to the dotted path ``module.function``; set it so that renaming the
     function does not orphan jobs already queued. ``lease`` and ``timeout`` are timedeltas or
-    seconds.
+    seconds. A bad option, or a handler that cannot take the context first, raises here.
     """
 
-    def register(function: Callable[..., Any]) -> JobDefinition:
-        definition = JobDefinition(
+    def register(function: Callable[..., Any]) -> JobDefinition[..., Any]:
+        definition: JobDefinition[..., Any] = JobDefinition(
             function,
-            name=name or f"{function.__module__}.{function.__qualname__}",
+            name=name if name is not None else f"{function.__module__}.{function.__qualname__}",
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,
@@ -212,3 +347,52 @@ def job(
     if func is not None:
         return register(func)
     return register
+
+
+def _arguments(func: Callable[..., Any]) -> inspect.Signature | None:
+    """The handler's signature without its context parameter; None when it takes any arguments.
+
+    Raises ``TypeError`` for a handler that cannot take the context as its first positional
+    argument: every attempt would fail in the worker.
+    """
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None  # a callable Python cannot describe (a builtin): the worker will tell
+    parameters = list(signature.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in (*positional, inspect.Parameter.VAR_POSITIONAL):
+        raise TypeError(
+            f"job handler {_qualified(func)}{signature} cannot take the JobContext: its first parameter receives "
+            f"the JobContext, positionally; write it as def {getattr(func, '__name__', 'handler')}(ctx, ...)"
+        )
+    rest = parameters if parameters[0].kind == inspect.Parameter.VAR_POSITIONAL else parameters[1:]
+    kinds = {parameter.kind for parameter in rest}
+    if {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds and len(rest) == 2:
+        return None  # takes anything: binding would only cost time
+    return signature.replace(parameters=rest)
+
+
+def _binding_error(definition: JobDefinition[..., Any], error: TypeError, kwargs: dict[str, Any]) -> str:
+    arguments = definition.arguments
+    assert arguments is not None  # only a handler with a signature to bind to refuses arguments
+    parameters = arguments.parameters
+    keywords = [name for name, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    unknown = [] if takes_any_keyword else [key for key in kwargs if key not in keywords]
+    # A misspelt keyword is the likelier slip than the required argument it leaves missing.
+    reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else str(error)
+    close = difflib.get_close_matches(unknown[0], keywords, n=1) if unknown else []
+    message = f"cannot enqueue {definition.name!r}: {reason}"
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    message += f"; the handler {_qualified(definition.func)} takes {arguments} after the JobContext"
+    first = next(iter(inspect.signature(definition.func).parameters))
+    if first in kwargs:
+        message += f", which its first parameter, {first!r}, receives"
+    return message
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    module, qualname = _origin(func)
+    return f"{module}.{qualname}" if module else qualname or repr(func)
