@@ -1,8 +1,9 @@
-"""MariaDB / MySQL: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction.
+"""MariaDB: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction.
 
 MariaDB has no ``UPDATE … RETURNING``, so the claim reads the rows it locks and computes the
-new token and attempt count itself; the row locks make that exact. Needs MariaDB ≥ 10.6 or
-MySQL ≥ 8.0.1 for SKIP LOCKED (a system check enforces it). Any number of hosts.
+new token and attempt count itself; the row locks make that exact. Needs MariaDB ≥ 10.6 for
+SKIP LOCKED; MySQL, which has no ``DELETE … RETURNING``, is refused (system checks durq.E009,
+durq.E017). Any number of hosts.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ FOR UPDATE SKIP LOCKED
 _INSERT_ROWS = 1_000
 _INSERT_CHARS = 2_000_000
 
-# What the wake-up watcher polls on MariaDB/MySQL, which have no LISTEN/NOTIFY: a new committed
+# What the wake-up watcher polls on MariaDB, which has no LISTEN/NOTIFY: a new committed
 # row raises it. One primary-key seek, read in autocommit, so each read sees the latest commits.
 NEWEST_JOB = f"SELECT MAX(id) FROM {JOB}"
 
