@@ -183,13 +183,15 @@ def _insert_unique(values: dict[str, Any], alias: str) -> Job:
     connection = connections[alias]
     dialect = dialect_for(connection)
     key = values["unique_key"]
-    turn = getattr(dialect, "dedupe_turn", None)
+    # Where enqueuers of one key must take turns at the insert, the dialect says how (MariaDB).
+    turn = getattr(dialect, "dedupe_turn", lambda key: contextlib.nullcontext())
     # The savepoint keeps a caller's transaction usable when the key turns out to be taken
     # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError), and lets a
     # lock error in the race for the key be retried.
-    for _ in range(10):
+    tries = 10
+    for attempt in range(1, tries + 1):
         try:
-            with transaction.atomic(using=alias), turn(key) if turn is not None else contextlib.nullcontext():
+            with transaction.atomic(using=alias), turn(key):
                 job_id = _insert(values, alias)
             return _jobs(values, [(job_id, values["arguments"])], alias)[0]
         except IntegrityError:
@@ -201,7 +203,7 @@ def _insert_unique(values: dict[str, Any], alias: str) -> Job:
         except OperationalError as error:
             # Retried only when the savepoint undid the insert alone; a database that rolled
             # back the caller's whole transaction (an InnoDB deadlock) leaves nothing to retry in.
-            if not dialect.is_lock_error(error) or connection.needs_rollback:
+            if not dialect.is_lock_error(error) or connection.needs_rollback or attempt == tries:
                 raise
     raise IntegrityError(f"could not enqueue with unique key {key!r}: it keeps changing hands")
 

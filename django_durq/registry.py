@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import math
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -18,6 +17,14 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
+from .options import (
+    MAX_NAME_LENGTH,
+    JobOptions,
+    check_duration,
+    check_max_attempts,
+    check_priority,
+    check_queue,
+)
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -26,99 +33,16 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# The widths of the columns these values are stored in (models.Job).
-MAX_NAME_LENGTH = 200
-MAX_QUEUE_LENGTH = 100
-MAX_UNIQUE_LENGTH = 255
-PRIORITY_RANGE = (-32768, 32767)
+# Where a process finds its handlers: a job whose handler was not imported is unknown to it.
+WHERE_HANDLERS_LIVE = (
+    "handlers are registered when their module is imported: put them in an installed app's jobs.py, "
+    'or list their module in DURQ["MODULES"]'
+)
 
 
 def unknown_job_message(name: str) -> str:
     """What a worker records for a job whose name has no handler in its process."""
-    return (
-        f"unknown job type {name!r}: no handler is registered under this name in this worker; handlers are "
-        "registered when their module is imported: put them in an installed app's jobs.py, or list their "
-        'module in DURQ["MODULES"]'
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class JobOptions:
-    """Per-enqueue options; ``None`` means "the definition's (or the settings') default"."""
-
-    queue: str | None = None
-    priority: int | None = None
-    unique: str | None = None
-    run_at: datetime | None = None
-    run_in: timedelta | float | None = None
-    max_attempts: int | None = None
-    lease: timedelta | float | None = None
-    timeout: timedelta | float | None = None
-
-    def __post_init__(self) -> None:
-        """Refuse a bad option where it is given, before any SQL, with the message ``@job`` gives."""
-        if self.queue is not None:
-            check_queue(self.queue)
-        if self.priority is not None:
-            check_priority(self.priority)
-        if self.unique is not None:
-            check_unique(self.unique)
-        if self.run_at is not None:
-            if not isinstance(self.run_at, datetime):
-                raise TypeError(f"run_at must be an aware datetime, not {type(self.run_at).__name__}")
-            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
-                raise ValueError("run_at must be an aware datetime (naive datetimes have no defined instant)")
-        if self.run_in is not None:
-            check_duration("run_in", self.run_in, allow_zero=True)
-        if self.run_at is not None and self.run_in is not None:
-            raise ValueError("pass run_at or run_in, not both")
-        if self.max_attempts is not None:
-            check_max_attempts(self.max_attempts)
-        if self.lease is not None:
-            check_duration("lease", self.lease)
-        if self.timeout is not None:
-            check_duration("timeout", self.timeout)
-
-
-def check_queue(queue: object) -> None:
-    if not isinstance(queue, str):
-        raise TypeError(f"queue must be a queue name (str), not {type(queue).__name__}")
-    if not queue or ":" in queue or len(queue) > MAX_QUEUE_LENGTH:
-        raise ValueError(f"queue name {queue!r} is not valid: 1 to {MAX_QUEUE_LENGTH} characters, no ':'")
-
-
-def check_priority(priority: object) -> None:
-    low, high = PRIORITY_RANGE
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be a whole number from {low} to {high}, not {type(priority).__name__}")
-    if not low <= priority <= high:
-        raise ValueError(f"priority {priority} is out of range ({low} to {high})")
-
-
-def check_unique(unique: object) -> None:
-    if not isinstance(unique, str):
-        raise TypeError(f"unique must be a string (the dedupe key), not {type(unique).__name__}")
-    if not unique or len(unique) > MAX_UNIQUE_LENGTH:
-        raise ValueError(f"unique must be a non-empty string of at most {MAX_UNIQUE_LENGTH} characters")
-
-
-def check_max_attempts(max_attempts: object) -> None:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise TypeError(f"max_attempts must be a whole number of at least 1, not {type(max_attempts).__name__}")
-    if max_attempts < 1:
-        raise ValueError(f"max_attempts is {max_attempts}; it must be at least 1")
-
-
-def check_duration(option: str, value: object, *, allow_zero: bool = False) -> None:
-    """``value`` is a timedelta or a number of seconds, positive (or zero where ``allow_zero``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
-        raise TypeError(f"{option} must be a timedelta or a number of seconds, not {type(value).__name__}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not math.isfinite(seconds):
-        raise ValueError(f"{option} is {value!r}; it must be a finite duration")
-    if seconds < 0 or (seconds_to_ms(value) == 0 and not allow_zero):
-        least = "zero or more" if allow_zero else "at least a millisecond"
-        raise ValueError(f"{option} is {value!r}; it must be {least}")
+    return f"unknown job type {name!r}: no handler is registered under this name in this worker; {WHERE_HANDLERS_LIVE}"
 
 
 class JobDefinition(Generic[P, R]):
@@ -272,7 +196,7 @@ class Registry:
         if definition is None:
             close = difflib.get_close_matches(name, list(self._definitions), n=3)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise UnknownJobType(f"no job is registered under the name {name!r}{hint}")
+            raise UnknownJobType(f"no job is registered under the name {name!r}{hint}; {WHERE_HANDLERS_LIVE}")
         return definition
 
     def all(self) -> list[JobDefinition]:

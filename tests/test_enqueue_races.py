@@ -11,11 +11,12 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 
 from django_durq.clock import now_ms
 from django_durq.models import ACTIVE_STATUSES, Job
 from django_durq.store import Store
+from tests.conftest import db_vendor, wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Order
 
@@ -80,3 +81,52 @@ def test_enqueuers_of_a_key_whose_holder_is_completing_get_one_new_job_and_keep_
         assert len(active) == 1, (round_number, active)
         assert returned == [active[0]] * ENQUEUERS
         assert Order.objects.filter(label__startswith=f"{key}:").count() == ENQUEUERS
+
+
+# A lock wait cut short on this connection: one second instead of the server's default.
+SHORT_LOCK_WAIT = {
+    "mysql": "SET SESSION innodb_lock_wait_timeout = 1",
+    "postgres": "SET LOCAL lock_timeout = '1s'",
+}
+
+
+@pytest.mark.skipif(db_vendor() not in SHORT_LOCK_WAIT, reason="SQLite waits for its write lock before the insert")
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_wait_that_times_out_on_a_held_key_is_retried_inside_the_callers_transaction():
+    """The key's holder commits only after the enqueuer's insert timed out and was tried again."""
+    inserts: list[str] = []
+    outcome: dict[str, object] = {}
+    holding, finished = threading.Event(), threading.Event()
+
+    def count_inserts(execute, sql, params, many, context):
+        if sql.startswith("INSERT INTO durq_job"):
+            inserts.append(sql)
+        return execute(sql, params, many, context)
+
+    def holder() -> None:
+        with transaction.atomic():
+            outcome["holder"] = jobs.noop.using(unique="held").enqueue().pk
+            holding.set()
+            wait_until(lambda: len(inserts) >= 2 or finished.is_set(), timeout=60, message="a second insert")
+
+    def enqueuer() -> None:
+        holding.wait()
+        try:
+            with connection.execute_wrapper(count_inserts), transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(SHORT_LOCK_WAIT[db_vendor()])
+                Order.objects.create(label="waiter")
+                job = jobs.noop.using(unique="held").enqueue()
+                outcome["waiter"] = (job.pk, job.deduplicated)
+        except Exception as error:  # noqa: BLE001 - reported by the test
+            outcome["error"] = f"{type(error).__name__}: {error}"
+        finally:
+            finished.set()
+
+    for thread in [_in_thread(holder), _in_thread(enqueuer)]:
+        thread.join()
+
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["waiter"] == (outcome["holder"], True)
+    assert len(inserts) >= 2
+    assert list(Order.objects.values_list("label", flat=True)) == ["waiter"]

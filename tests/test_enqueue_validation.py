@@ -220,3 +220,11 @@ def _literal(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_enqueue_by_an_unknown_name_says_where_handlers_must_live():
+    with pytest.raises(django_durq.UnknownJobType) as raised:
+        django_durq.enqueue("shop.send_receipt", order_id=1)
+    assert "an installed app's jobs.py" in str(raised.value)
+    assert 'DURQ["MODULES"]' in str(raised.value)
+    assert Job.objects.count() == 0
