@@ -10,6 +10,7 @@ import dataclasses
 import math
 from datetime import datetime, timedelta
 
+from .backoff import Backoff
 from .clock import seconds_to_ms
 
 # The widths of the columns these values are stored in (models.Job).
@@ -55,6 +56,34 @@ class JobOptions:
             check_duration("lease", self.lease)
         if self.timeout is not None:
             check_duration("timeout", self.timeout)
+
+
+def check_handler_options(
+    name: object,
+    queue: object,
+    priority: object,
+    max_attempts: object,
+    lease: object,
+    timeout: object,
+    backoff: object,
+    cron: object,
+) -> None:
+    """The options ``@job`` is given, checked with the rules and messages ``using()`` applies."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"job name {name!r} is not valid: a string of 1 to {MAX_NAME_LENGTH} characters")
+    if queue is not None:
+        check_queue(queue)
+    check_priority(priority)
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
+    if lease is not None:
+        check_duration("lease", lease)
+    if timeout is not None:
+        check_duration("timeout", timeout)
+    if backoff is not None and not isinstance(backoff, Backoff):
+        raise TypeError(f"backoff must be a django_durq.backoff.Backoff, not {type(backoff).__name__}")
+    if cron is not None and not isinstance(cron, str):
+        raise TypeError(f"cron must be a cron expression (str), not {type(cron).__name__}")
 
 
 def check_queue(queue: object) -> None:

@@ -17,14 +17,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
-from .options import (
-    MAX_NAME_LENGTH,
-    JobOptions,
-    check_duration,
-    check_max_attempts,
-    check_priority,
-    check_queue,
-)
+from .options import JobOptions, check_handler_options
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -62,21 +55,7 @@ class JobDefinition(Generic[P, R]):
         cron: str | None,
         options: JobOptions | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
-            raise ValueError(f"job name {name!r} is not valid: a string of 1 to {MAX_NAME_LENGTH} characters")
-        if queue is not None:
-            check_queue(queue)
-        check_priority(priority)
-        if max_attempts is not None:
-            check_max_attempts(max_attempts)
-        if lease is not None:
-            check_duration("lease", lease)
-        if timeout is not None:
-            check_duration("timeout", timeout)
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise TypeError(f"backoff must be a django_durq.backoff.Backoff, not {type(backoff).__name__}")
-        if cron is not None and not isinstance(cron, str):
-            raise TypeError(f"cron must be a cron expression (str), not {type(cron).__name__}")
+        check_handler_options(name, queue, priority, max_attempts, lease, timeout, backoff, cron)
         self.func = func
         self.arguments = _arguments(func)
         self.is_async = inspect.iscoroutinefunction(func)

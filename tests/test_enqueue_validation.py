@@ -77,6 +77,20 @@ def test_job_refuses_a_bad_option_at_decoration(option, value, error, message):
     assert registry.get("tests.validation.never") is None
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"name": ""}, ValueError, "job name '' is not valid: a string of 1 to 200 characters"),
+        ({"name": "n" * 201}, ValueError, "a string of 1 to 200 characters"),
+        ({"backoff": {"base": 1}}, TypeError, "backoff must be a django_durq.backoff.Backoff, not dict"),
+        ({"cron": 5}, TypeError, "cron must be a cron expression (str), not int"),
+    ],
+)
+def test_job_refuses_a_bad_name_backoff_or_cron(options, error, message):
+    with pytest.raises(error, match=_literal(message)):
+        job(**options)(lambda ctx: None)
+
+
 @pytest.mark.parametrize(("option", "value", "error", "message"), BAD_OPTIONS + BAD_ENQUEUE_OPTIONS)
 def test_using_refuses_a_bad_option_with_the_message_job_gives(option, value, error, message):
     with pytest.raises(error, match=_literal(message)):
