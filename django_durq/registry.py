@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from .arguments import HandlerArguments
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
@@ -57,7 +58,7 @@ class JobDefinition(Generic[P, R]):
     ) -> None:
         check_handler_options(name, queue, priority, max_attempts, lease, timeout, backoff, cron)
         self.func = func
-        self.arguments = _arguments(func)
+        self.arguments = HandlerArguments.of(func)
         self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
         self.queue = queue
@@ -82,12 +83,8 @@ class JobDefinition(Generic[P, R]):
 
     def check_arguments(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
         """Raise ``TypeError`` naming the handler and the argument when the handler could not take these."""
-        if self.arguments is None:
-            return
-        try:
-            self.arguments.bind(*args, **kwargs)
-        except TypeError as error:
-            raise TypeError(_binding_error(self, error, kwargs)) from None
+        if self.arguments is not None:
+            self.arguments.check(self.name, args, kwargs)
 
     def using(
         self,
@@ -250,52 +247,3 @@ def job(
     if func is not None:
         return register(func)
     return register
-
-
-def _arguments(func: Callable[..., Any]) -> inspect.Signature | None:
-    """The handler's signature without its context parameter; None when it takes any arguments.
-
-    Raises ``TypeError`` for a handler that cannot take the context as its first positional
-    argument: every attempt would fail in the worker.
-    """
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
-        return None  # a callable Python cannot describe (a builtin): the worker will tell
-    parameters = list(signature.parameters.values())
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if not parameters or parameters[0].kind not in (*positional, inspect.Parameter.VAR_POSITIONAL):
-        raise TypeError(
-            f"job handler {_qualified(func)}{signature} cannot take the JobContext: its first parameter receives "
-            f"the JobContext, positionally; write it as def {getattr(func, '__name__', 'handler')}(ctx, ...)"
-        )
-    rest = parameters if parameters[0].kind == inspect.Parameter.VAR_POSITIONAL else parameters[1:]
-    kinds = {parameter.kind for parameter in rest}
-    if {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds and len(rest) == 2:
-        return None  # takes anything: binding would only cost time
-    return signature.replace(parameters=rest)
-
-
-def _binding_error(definition: JobDefinition[..., Any], error: TypeError, kwargs: dict[str, Any]) -> str:
-    arguments = definition.arguments
-    assert arguments is not None  # only a handler with a signature to bind to refuses arguments
-    parameters = arguments.parameters
-    keywords = [name for name, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    takes_any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
-    unknown = [] if takes_any_keyword else [key for key in kwargs if key not in keywords]
-    # A misspelt keyword is the likelier slip than the required argument it leaves missing.
-    reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else str(error)
-    close = difflib.get_close_matches(unknown[0], keywords, n=1) if unknown else []
-    message = f"cannot enqueue {definition.name!r}: {reason}"
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    message += f"; the handler {_qualified(definition.func)} takes {arguments} after the JobContext"
-    first = next(iter(inspect.signature(definition.func).parameters))
-    if first in kwargs:
-        message += f", which its first parameter, {first!r}, receives"
-    return message
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    module, qualname = _origin(func)
-    return f"{module}.{qualname}" if module else qualname or repr(func)

@@ -242,3 +242,41 @@ def test_enqueue_by_an_unknown_name_says_where_handlers_must_live():
     assert "an installed app's jobs.py" in str(raised.value)
     assert 'DURQ["MODULES"]' in str(raised.value)
     assert Job.objects.count() == 0
+
+
+def _h1(ctx, a, b=1): ...
+def _h2(ctx, a, /, b=1, **kw): ...
+def _h3(ctx, *args, c): ...
+def _h4(ctx, a=1, *, b, **kw): ...
+def _h5(ctx, **kw): ...
+def _h6(ctx): ...
+
+
+@pytest.mark.parametrize("handler", [_h1, _h2, _h3, _h4, _h5, _h6])
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((), {}),
+        ((), {"a": 1}),
+        ((), {"a": 1, "b": 2}),
+        ((), {"b": 2}),
+        ((), {"c": 3}),
+        ((), {"kw": 1}),
+        ((1,), {}),
+        ((1,), {"a": 2}),
+    ],
+)
+def test_the_quick_argument_check_agrees_with_the_handlers_signature(handler, args, kwargs):
+    import inspect
+
+    from django_durq.arguments import HandlerArguments
+
+    arguments = HandlerArguments.of(handler)
+    assert arguments is not None
+    try:
+        inspect.signature(handler).bind(None, *args, **kwargs)
+    except TypeError:
+        with pytest.raises(TypeError, match="cannot enqueue 'x'"):
+            arguments.check("x", args, kwargs)
+    else:
+        arguments.check("x", args, kwargs)
