@@ -1,9 +1,10 @@
 """Putting jobs in the queue: validate at the boundary, insert in the caller's transaction, wake on commit.
 
-Everything that can be refused (unknown name, arguments that are not JSON, a payload over the
-cap) is refused before any SQL runs, so a refused enqueue leaves a caller's open transaction
-usable. A dedupe key that is already taken by an active job returns that job
-(``job.deduplicated`` is True) instead of raising.
+Everything that can be refused (an unknown name, a bad option, arguments the handler cannot
+take or that are not JSON, a payload over the cap) is refused before any SQL runs, so a refused
+enqueue leaves a caller's open transaction usable. A dedupe key that is already taken by an
+active job returns that job (``job.deduplicated`` is True) instead of raising, and a race for
+the key never reaches the caller as an error.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ _TURN = "CONCAT('durq:', SHA1(CONCAT(DATABASE(), ':', %s)))"
 # bounds how long the session holding the turn can itself wait.
 _TURN_WAIT_S = 60
 
-# Deadlock found; lock wait timeout: both roll back the statement and are safe to retry.
+# Deadlock found (rolls back the whole transaction); lock wait timeout (rolls back the
+# statement): both are safe to retry.
 _LOCK_ERRNOS = {1213, 1205}
 
 
