@@ -1,5 +1,10 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
+
+from .conf import get_settings
 
 
 class DurqConfig(AppConfig):
@@ -10,8 +15,16 @@ class DurqConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
 
-        # Import every installed app's jobs.py so that @job handlers are registered.
+        # Import every installed app's jobs.py, and the modules DURQ["MODULES"] lists, so that
+        # @job handlers are registered in every process: a worker runs only what it registered.
         autodiscover_modules("jobs")
+        for path in get_settings().modules:
+            try:
+                import_module(path)
+            except ModuleNotFoundError as error:
+                if error.name is None or not f"{path}.".startswith(f"{error.name}."):
+                    raise  # the module exists; an import inside it failed
+                raise ImproperlyConfigured(f'DURQ["MODULES"] lists {path!r}, which cannot be imported: {error}') from error
 
         # With a DurqBackend in TASKS, import tasks.py too: Django @task functions register there.
         from .tasks_bridge import autodiscover_tasks

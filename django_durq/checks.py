@@ -16,6 +16,8 @@
 | durq.E012 | a schedule names a job that is not registered               |
 | durq.E013 | a schedule's options are malformed, or it is declared twice |
 | durq.E015 | DURQ["MONITORING"] is malformed (a token shorter than 16 characters) |
+| durq.E016 | DURQ["MODULES"] is not a list of dotted module paths          |
+| durq.E017 | the queue database is MySQL, not MariaDB                      |
 | durq.E020 | the PostgreSQL connection pool is smaller than a worker needs |
 | durq.W001 | SQLite is not in WAL mode                                   |
 | durq.W002 | SQLite transactions are not IMMEDIATE                       |
@@ -32,7 +34,7 @@ from django.db import connections
 
 from .conf import get_settings
 from .db import dialect_for
-from .db.checks import database_problems, sqlite_setup_warnings
+from .db.checks import database_check_problems, sqlite_setup_warnings
 from .registry import registry
 
 
@@ -97,8 +99,8 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
     settings = get_settings()
     if not databases or settings.database not in databases or settings.database not in django_settings.DATABASES:
         return []
-    problems = database_problems(connections[settings.database], for_worker=False)
-    return [Error(problem, id="durq.E009") for problem in problems]
+    problems = database_check_problems(connections[settings.database], for_worker=False)
+    return [Error(problem.message, hint=problem.hint or None, id=problem.id) for problem in problems]
 
 
 @register("django_durq")

@@ -66,6 +66,7 @@ class DurqSettings:
     schedules: dict[str, Any] = field(default_factory=dict)
     test_hooks_dir: str | None = None
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    modules: tuple[str, ...] = ()
     problems: tuple[Problem, ...] = ()
 
     def queue(self, name: str) -> QueueSettings:
@@ -95,6 +96,7 @@ KNOWN_KEYS = {
     "SCHEDULES",
     "TEST_HOOKS_DIR",
     "MONITORING",
+    "MODULES",
 }
 
 
@@ -193,6 +195,7 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
         schedules = {}
     hooks = raw.get("TEST_HOOKS_DIR")
     monitoring = _parse_monitoring(p, raw.get("MONITORING", {}))
+    modules = _parse_modules(p, raw.get("MODULES", []))
     return DurqSettings(
         database=database,
         queues=queues,
@@ -211,8 +214,24 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
         schedules=schedules,
         test_hooks_dir=str(hooks) if hooks else None,
         monitoring=monitoring,
+        modules=modules,
         problems=tuple(p.problems),
     )
+
+
+def _parse_modules(p: _Parser, raw: Any) -> tuple[str, ...]:
+    """Dotted paths of modules imported at start-up, like each app's jobs.py."""
+    valid = isinstance(raw, (list, tuple)) and all(
+        isinstance(path, str) and path and all(part.isidentifier() for part in path.split(".")) for path in raw
+    )
+    if not valid:
+        p.problem(
+            "durq.E016",
+            f'DURQ["MODULES"] is {raw!r}; expected a list of dotted module paths',
+            'Write for example DURQ["MODULES"] = ["billing.handlers"].',
+        )
+        return ()
+    return tuple(raw)
 
 
 def _parse_monitoring(p: _Parser, raw: Any) -> MonitoringSettings:

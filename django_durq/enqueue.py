@@ -1,9 +1,10 @@
 """Putting jobs in the queue: validate at the boundary, insert in the caller's transaction, wake on commit.
 
-Everything that can be refused (unknown name, arguments that are not JSON, a payload over the
-cap) is refused before any SQL runs, so a refused enqueue leaves a caller's open transaction
-usable. A dedupe key that is already taken by an active job returns that job
-(``job.deduplicated`` is True) instead of raising.
+Everything that can be refused (an unknown name, a bad option, arguments the handler cannot
+take or that are not JSON, a payload over the cap) is refused before any SQL runs, so a refused
+enqueue leaves a caller's open transaction usable. A dedupe key that is already taken by an
+active job returns that job (``job.deduplicated`` is True) instead of raising, and a race for
+the key never reaches the caller as an error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import DEFERRED
 
 from . import wakeup
@@ -34,9 +35,12 @@ def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     return registry.require(name).enqueue(*args, **kwargs)
 
 
-def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any], columns: dict[str, Any] | None = None) -> Job:
+def enqueue_one(
+    definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[str, Any], columns: dict[str, Any] | None = None
+) -> Job:
     """Queue one job; ``columns`` sets nullable columns an enqueue otherwise leaves NULL."""
     registry.require(definition.name)
+    definition.check_arguments(args, kwargs)
     values = _values(definition, args, kwargs) | (columns or {})
     alias = get_settings().database
     if values["unique_key"] is None:
@@ -49,13 +53,17 @@ def enqueue_one(definition: JobDefinition, args: list[Any], kwargs: dict[str, An
     return job
 
 
-def enqueue_many(definition: JobDefinition, items: list[dict[str, Any]]) -> list[Job]:
+def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]]) -> list[Job]:
     registry.require(definition.name)
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidPayload(
                 f"items[{index}] is {type(item).__name__}; enqueue_many takes keyword dicts", path=f"items[{index}]"
             )
+        try:
+            definition.check_arguments((), item)
+        except TypeError as error:
+            raise TypeError(f"items[{index}]: {error}") from None
     if definition.options.unique is not None:
         return [enqueue_one(definition, [], dict(item)) for item in items]
     if not items:
@@ -90,8 +98,12 @@ def on_commit_of(using: str, enqueue_call: Callable[[], Any]) -> None:
     transaction.on_commit(enqueue_call, using=using)
 
 
-def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The new job's row: every column an enqueue writes, validated; the others are NULL or computed."""
+def _values(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The new job's row: every column an enqueue writes; the others are NULL or computed.
+
+    The options were validated where they were given (``@job``, ``using()``); only what needs
+    the settings is checked here.
+    """
     from .models import Status
 
     settings = get_settings()
@@ -104,20 +116,21 @@ def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) 
     else:
         run_at = created
     queue = options.queue or definition.queue or DEFAULT_QUEUE
-    if not isinstance(queue, str) or ":" in queue or len(queue) > 100:
-        raise ValueError(f"queue name {queue!r} is not valid: at most 100 characters, no ':'")
-    unique = options.unique
-    if unique is not None and (not isinstance(unique, str) or not unique or len(unique) > 255):
-        raise ValueError("unique must be a non-empty string of at most 255 characters")
-    lease_ms = seconds_to_ms(options.lease) if options.lease is not None else (definition.lease_ms or settings.lease_ms)
+    if options.lease is not None:
+        lease_ms = seconds_to_ms(options.lease)
+        if lease_ms < 2 * settings.heartbeat_interval_ms:
+            raise ValueError(
+                f"lease is {lease_ms / 1000:g} s, less than two heartbeat intervals ({settings.heartbeat_interval_ms / 1000:g} s"
+                ' each, DURQ["HEARTBEAT_INTERVAL"]): a worker would lose the job between two heartbeats'
+            )
+    else:
+        lease_ms = definition.lease_ms or settings.lease_ms
     if options.timeout is not None:
         timeout_ms: int | None = seconds_to_ms(options.timeout)
     else:
         timeout_ms = definition.timeout_ms or settings.timeout_ms
     max_attempts = options.max_attempts or definition.max_attempts or settings.max_attempts
     priority = options.priority if options.priority is not None else definition.priority
-    if not -32768 <= priority <= 32767:
-        raise ValueError(f"priority {priority} is out of range (-32768 to 32767)")
     return {
         "name": definition.name,
         "queue": queue,
@@ -130,7 +143,7 @@ def _values(definition: JobDefinition, args: list[Any], kwargs: dict[str, Any]) 
         "created_ms": created,
         "lease_ms": lease_ms,
         "timeout_ms": timeout_ms,
-        "unique_key": unique,
+        "unique_key": options.unique,
         "claim_token": 0,
         "claimed_by": "",
         "stop_requested": False,
@@ -170,25 +183,30 @@ def _job_attnames() -> list[str]:
 def _insert_unique(values: dict[str, Any], alias: str) -> Job:
     from .models import ACTIVE_STATUSES, Job
 
+    connection = connections[alias]
+    dialect = dialect_for(connection)
+    key = values["unique_key"]
     # The savepoint keeps a caller's transaction usable when the key turns out to be taken
-    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError).
-    for _ in range(10):
+    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError), and lets a
+    # lock error in the race for the key be retried.
+    tries = 10
+    for attempt in range(1, tries + 1):
         try:
-            with transaction.atomic(using=alias):
+            with transaction.atomic(using=alias), dialect.dedupe_turn(key):
                 job_id = _insert(values, alias)
             return _jobs(values, [(job_id, values["arguments"])], alias)[0]
         except IntegrityError:
-            existing = (
-                Job.objects.using(alias)
-                .filter(unique_key=values["unique_key"], status__in=ACTIVE_STATUSES)
-                .order_by("id")
-                .first()
-            )
+            existing = Job.objects.using(alias).filter(unique_key=key, status__in=ACTIVE_STATUSES).order_by("id").first()
             if existing is not None:
                 existing.deduplicated = True
                 return existing
             # The holder of the key finished between our insert and our look-up: try again.
-    raise IntegrityError(f"could not enqueue with unique key {values['unique_key']!r}: it keeps changing hands")
+        except OperationalError as error:
+            # Retried only when the savepoint undid the insert alone; a database that rolled
+            # back the caller's whole transaction (an InnoDB deadlock) leaves nothing to retry in.
+            if not dialect.is_lock_error(error) or connection.needs_rollback or attempt == tries:
+                raise
+    raise IntegrityError(f"could not enqueue with unique key {key!r}: it keeps changing hands")
 
 
 def _insert(values: dict[str, Any], alias: str) -> int:

@@ -27,7 +27,7 @@ from .context import LEASE_AT_RISK, LEASE_LOST, SHUTDOWN, TIMED_OUT, JobContext
 from .db import ClaimedJob
 from .exceptions import Abort, InvalidPayload, Retry
 from .payload import decode_arguments, encode_json
-from .registry import JobDefinition, registry
+from .registry import JobDefinition, registry, unknown_job_message
 from .signals import job_dead, job_finished, send
 from .store import Store
 
@@ -110,7 +110,7 @@ class Executor:
         result: Any = None
         failure: Failure | None = None
         if definition is None:
-            failure = Failure("unknown_job", f"unknown job type {job.name!r}: no handler is registered under this name")
+            failure = Failure("unknown_job", unknown_job_message(job.name))
         else:
             try:
                 args, kwargs = decode_arguments(job.arguments)

@@ -12,36 +12,39 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from .arguments import HandlerArguments
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
+from .options import JobOptions, check_handler_options
 
 if TYPE_CHECKING:
+    from .context import JobContext
     from .models import Job
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-@dataclasses.dataclass(frozen=True)
-class JobOptions:
-    """Per-enqueue options; ``None`` means "the definition's (or the settings') default"."""
-
-    queue: str | None = None
-    priority: int | None = None
-    unique: str | None = None
-    run_at: datetime | None = None
-    run_in: timedelta | float | None = None
-    max_attempts: int | None = None
-    lease: timedelta | float | None = None
-    timeout: timedelta | float | None = None
+# Where a process finds its handlers: a job whose handler was not imported is unknown to it.
+WHERE_HANDLERS_LIVE = (
+    "handlers are registered when their module is imported: put them in an installed app's jobs.py, "
+    'or list their module in DURQ["MODULES"]'
+)
 
 
-class JobDefinition:
+def unknown_job_message(name: str) -> str:
+    """What a worker records for a job whose name has no handler in its process."""
+    return f"unknown job type {name!r}: no handler is registered under this name in this worker; {WHERE_HANDLERS_LIVE}"
+
+
+class JobDefinition(Generic[P, R]):
     """A registered handler; call ``enqueue()`` on it to queue work."""
 
     def __init__(
         self,
-        func: Callable[..., Any],
+        func: Callable[Concatenate[JobContext, P], R],
         *,
         name: str,
         queue: str | None,
@@ -53,7 +56,9 @@ class JobDefinition:
         cron: str | None,
         options: JobOptions | None = None,
     ) -> None:
+        check_handler_options(name, queue, priority, max_attempts, lease, timeout, backoff, cron)
         self.func = func
+        self.arguments = HandlerArguments.of(func)
         self.is_async = inspect.iscoroutinefunction(func)
         self.name = name
         self.queue = queue
@@ -72,9 +77,14 @@ class JobDefinition:
     def __repr__(self) -> str:
         return f"<job {self.name}>"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Call the handler directly (a test, or synchronous use); nothing is queued."""
-        return self.func(*args, **kwargs)
+        return self.func(ctx, *args, **kwargs)
+
+    def check_arguments(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` naming the handler and the argument when the handler could not take these."""
+        if self.arguments is not None:
+            self.arguments.check(self.name, args, kwargs)
 
     def using(
         self,
@@ -87,8 +97,8 @@ class JobDefinition:
         max_attempts: int | None = None,
         lease: timedelta | float | None = None,
         timeout: timedelta | float | None = None,
-    ) -> JobDefinition:
-        """A copy of this definition whose next ``enqueue()`` uses these options."""
+    ) -> JobDefinition[P, R]:
+        """A copy of this definition whose next ``enqueue()`` uses these options; a bad option raises here."""
         if run_at is not None and run_in is not None:
             raise ValueError("pass run_at or run_in, not both")
         changes: dict[str, Any] = {
@@ -105,12 +115,18 @@ class JobDefinition:
             }.items()
             if value is not None
         }
-        clone = object.__new__(JobDefinition)
+        # A due time given here replaces one given to an earlier using(), whichever kind it was.
+        if run_at is not None:
+            changes["run_in"] = None
+        if run_in is not None:
+            changes["run_at"] = None
+        options = dataclasses.replace(self.options, **changes)
+        clone: JobDefinition[P, R] = object.__new__(JobDefinition)
         clone.__dict__.update(self.__dict__)
-        clone.options = dataclasses.replace(self.options, **changes)
+        clone.options = options
         return clone
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Queue one run; returns the ``Job`` (an existing one when its dedupe key was taken)."""
         from .enqueue import enqueue_one
 
@@ -156,7 +172,7 @@ class Registry:
         if definition is None:
             close = difflib.get_close_matches(name, list(self._definitions), n=3)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise UnknownJobType(f"no job is registered under the name {name!r}{hint}")
+            raise UnknownJobType(f"no job is registered under the name {name!r}{hint}; {WHERE_HANDLERS_LIVE}")
         return definition
 
     def all(self) -> list[JobDefinition]:
@@ -175,8 +191,27 @@ def _origin(func: Callable[..., Any]) -> tuple[str, str]:
 registry = Registry()
 
 
+@overload
+def job(func: Callable[Concatenate[JobContext, P], R], /) -> JobDefinition[P, R]: ...
+
+
+@overload
+def job(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    lease: timedelta | float | None = None,
+    timeout: timedelta | float | None = None,
+    backoff: Backoff | None = None,
+    cron: str | None = None,
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
+
+
 def job(
     func: Callable[..., Any] | None = None,
+    /,
     *,
     name: str | None = None,
     queue: str | None = None,
@@ -191,13 +226,13 @@ def job(
 
     ``name`` defaults to the dotted path ``module.function``; set it so that renaming the
     function does not orphan jobs already queued. ``lease`` and ``timeout`` are timedeltas or
-    seconds.
+    seconds. A bad option, or a handler that cannot take the context first, raises here.
     """
 
-    def register(function: Callable[..., Any]) -> JobDefinition:
-        definition = JobDefinition(
+    def register(function: Callable[..., Any]) -> JobDefinition[..., Any]:
+        definition: JobDefinition[..., Any] = JobDefinition(
             function,
-            name=name or f"{function.__module__}.{function.__qualname__}",
+            name=name if name is not None else f"{function.__module__}.{function.__qualname__}",
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,

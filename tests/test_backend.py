@@ -408,7 +408,7 @@ def test_an_empty_queues_list_accepts_any_durq_queue_name(clock, settings):
 
 
 def test_a_task_cannot_take_a_name_a_job_owns(clock):
-    job(name="tests.test_backend.clash")(plain)
+    job(name="tests.test_backend.clash")(lambda ctx: 1)
     try:
         with pytest.raises(InvalidTask, match="already used"):
             task(clash)

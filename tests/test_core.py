@@ -344,8 +344,10 @@ def insert_raw(name: str, arguments: str = '{"args":[],"kwargs":{}}', max_attemp
 def test_unknown_job_type_fails_then_completes_once_its_handler_appears(clock):
     pk = insert_raw("tests.later", now=clock.now_ms())
     assert drain(clock=clock) == {"retrying": 1}
-    assert Job.objects.get(pk=pk).error_list[0]["message"] == (
-        "unknown job type 'tests.later': no handler is registered under this name"
+    assert (
+        Job.objects.get(pk=pk)
+        .error_list[0]["message"]
+        .startswith("unknown job type 'tests.later': no handler is registered under this name")
     )
     jobs.effect.enqueue(tag="unaffected")
     clock.advance(timedelta(minutes=5))

@@ -36,16 +36,14 @@ def _load(connection: BaseDatabaseWrapper) -> type[Dialect]:
         from .mysql import MySQLDialect
 
         return MySQLDialect
-    raise NotImplementedError(
-        f"django-durq supports SQLite, PostgreSQL and MariaDB/MySQL; {connection.alias!r} is {connection.vendor}"
-    )
+    raise NotImplementedError(f"django-durq supports SQLite, PostgreSQL and MariaDB; {connection.alias!r} is {connection.vendor}")
 
 
 def exclusivity(alias: str | None = None) -> str:
     """Which claimers the queue's database keeps apart, in plain words.
 
     ``"processes on one host sharing the database file"`` on SQLite,
-    ``"any number of hosts"`` on PostgreSQL and MariaDB/MySQL.
+    ``"any number of hosts"`` on PostgreSQL and MariaDB.
     """
     if alias is None:
         from ..conf import get_settings

@@ -8,8 +8,10 @@ over matches no row and so changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +115,10 @@ class Dialect:
     def is_lock_error(self, error: BaseException) -> bool:
         """A transient contention error worth retrying after a short wait."""
         return False
+
+    def dedupe_turn(self, key: str) -> AbstractContextManager[None]:
+        """Where enqueuers of one dedupe key must take turns at the insert, hold the turn (MariaDB)."""
+        return contextlib.nullcontext()
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         """A condition matching the running rows still held under these (id, claim token) pairs.

@@ -6,9 +6,10 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..conf import Problem
+
 MIN_SQLITE = (3, 35, 0)  # RETURNING
-MIN_MARIADB = (10, 6, 0)  # SKIP LOCKED
-MIN_MYSQL = (8, 0, 1)
+MIN_MARIADB = (10, 6, 0)  # SKIP LOCKED, INSERT/DELETE … RETURNING
 
 
 def sqlite_version() -> tuple[int, ...]:
@@ -24,30 +25,54 @@ def is_sqlite_memory(settings_dict: dict[str, Any]) -> bool:
 
 def database_problems(connection: BaseDatabaseWrapper, *, for_worker: bool) -> list[str]:
     """One-line problems that make the database unusable for the queue (empty when fine)."""
-    problems: list[str] = []
+    return [problem.message for problem in database_check_problems(connection, for_worker=for_worker)]
+
+
+def database_check_problems(connection: BaseDatabaseWrapper, *, for_worker: bool) -> list[Problem]:
+    """The problems of :func:`database_problems`, each with its check id and a hint."""
+    problems: list[Problem] = []
     if connection.vendor == "sqlite":
         if sqlite_version() < MIN_SQLITE:
             found = ".".join(map(str, sqlite_version()))
-            problems.append(f"SQLite {found} is too old: django-durq needs 3.35 or newer (UPDATE … RETURNING)")
+            problems.append(
+                Problem("durq.E009", f"SQLite {found} is too old: django-durq needs 3.35 or newer (UPDATE … RETURNING)", "")
+            )
         if for_worker and is_sqlite_memory(connection.settings_dict):
             problems.append(
-                f"database {connection.alias!r} is an in-memory SQLite database, which no other process can see; "
-                "point NAME at a file"
+                Problem(
+                    "durq.E009",
+                    f"database {connection.alias!r} is an in-memory SQLite database, which no other process can see; "
+                    "point NAME at a file",
+                    "",
+                )
             )
     elif connection.vendor == "mysql":
         try:
             connection.ensure_connection()
         except Exception as error:  # noqa: BLE001 - reported, not raised
-            return [f"cannot connect to database {connection.alias!r}: {error}"]
-        version = tuple(connection.mysql_version)  # type: ignore[attr-defined]
-        if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-            if version < MIN_MARIADB:
-                problems.append(
-                    f"MariaDB {'.'.join(map(str, version))} is too old: django-durq needs 10.6 or newer (SKIP LOCKED)"
-                )
-        elif version < MIN_MYSQL:
-            problems.append(f"MySQL {'.'.join(map(str, version))} is too old: django-durq needs 8.0.1 or newer (SKIP LOCKED)")
+            return [Problem("durq.E009", f"cannot connect to database {connection.alias!r}: {error}", "")]
+        problem = mysql_family_problem(
+            connection.mysql_is_mariadb,  # type: ignore[attr-defined]
+            tuple(connection.mysql_version),  # type: ignore[attr-defined]
+        )
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def mysql_family_problem(is_mariadb: bool, version: tuple[int, ...]) -> Problem | None:
+    """Why a server of Django's ``mysql`` backend cannot hold the queue, or None when it can."""
+    found = ".".join(map(str, version))
+    if not is_mariadb:
+        return Problem(
+            "durq.E017",
+            f"MySQL {found} is not supported: django-durq needs MariaDB 10.6 or newer "
+            "(completing a job uses DELETE … RETURNING, which MySQL does not have)",
+            "Run the queue on MariaDB 10.6 or newer, or on PostgreSQL or SQLite.",
+        )
+    if version < MIN_MARIADB:
+        return Problem("durq.E009", f"MariaDB {found} is too old: django-durq needs 10.6 or newer (SKIP LOCKED)", "")
+    return None
 
 
 def sqlite_setup_warnings(settings_dict: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -1,12 +1,14 @@
-"""MariaDB / MySQL: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction.
+"""MariaDB: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction.
 
 MariaDB has no ``UPDATE … RETURNING``, so the claim reads the rows it locks and computes the
-new token and attempt count itself; the row locks make that exact. Needs MariaDB ≥ 10.6 or
-MySQL ≥ 8.0.1 for SKIP LOCKED (a system check enforces it). Any number of hosts.
+new token and attempt count itself; the row locks make that exact. Needs MariaDB ≥ 10.6 for
+SKIP LOCKED; MySQL, which has no ``DELETE … RETURNING``, is refused (system checks durq.E009,
+durq.E017). Any number of hosts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -54,7 +56,14 @@ def job_ids_among(count: int) -> str:
     return f"SELECT id FROM {JOB} WHERE id IN ({', '.join(['%s'] * count)})"
 
 
-# Deadlock found; lock wait timeout: both roll back the statement and are safe to retry.
+# A named lock per dedupe key (hashed: lock names are short), scoped to the queue's database.
+_TURN = "CONCAT('durq:', SHA1(CONCAT(DATABASE(), ':', %s)))"
+# How long an enqueuer waits for its turn: longer than InnoDB's default lock wait (50 s), which
+# bounds how long the session holding the turn can itself wait.
+_TURN_WAIT_S = 60
+
+# Deadlock found (rolls back the whole transaction); lock wait timeout (rolls back the
+# statement): both are safe to retry.
 _LOCK_ERRNOS = {1213, 1205}
 
 
@@ -92,6 +101,24 @@ class MySQLDialect(Dialect):
             job.reclaimed_from = previous_holder if previous_status == "running" else None
             jobs.append(job)
         return jobs
+
+    @contextlib.contextmanager
+    def dedupe_turn(self, key: str) -> Iterator[None]:
+        """Let one session at a time insert a job with dedupe ``key``.
+
+        InnoDB checks a unique key under a shared gap lock. When the key's holder has just been
+        deleted, every inserter waiting on it gets that lock, and each then needs an insert lock
+        that the others' shared locks block: a deadlock, which rolls back a caller's whole
+        transaction, savepoints included. Holding a named lock for the INSERT leaves at most one
+        inserter of a key waiting on InnoDB at a time. After a wait past ``_TURN_WAIT_S`` the
+        insert goes ahead without its turn.
+        """
+        took = self.fetchall(f"SELECT GET_LOCK({_TURN}, %s)", (key, _TURN_WAIT_S))[0][0] == 1
+        try:
+            yield
+        finally:
+            if took:
+                self.execute(f"DO RELEASE_LOCK({_TURN})", (key,))
 
     def pack_arguments(self, arguments: Sequence[str]) -> Any:
         return json.dumps(list(arguments), ensure_ascii=False)

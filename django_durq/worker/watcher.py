@@ -2,7 +2,7 @@
 
 PostgreSQL: a dedicated connection LISTENs; enqueue sends NOTIFY in its transaction, so the
 notification arrives only after commit. SQLite: ``PRAGMA data_version`` changes when another
-connection commits to the file; reading it takes no lock. MariaDB/MySQL have neither: a
+connection commits to the file; reading it takes no lock. MariaDB has neither: a
 connection of the watcher's own reads the newest job ids every ``MYSQL_CHECK_S``: a committed
 enqueue from any host adds one. Ids are handed out when a transaction inserts, not when it
 commits, so a transaction that commits after a later one leaves a gap below the highest id seen;
