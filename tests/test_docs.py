@@ -337,7 +337,7 @@ def test_every_database_guarantee_is_quoted_verbatim() -> None:
 
 
 def test_quoted_check_output_matches_this_database(db: None) -> None:
-    messages = [m for m in durq_checks.check_settings() if m.id == "durq.I001"]
+    messages = [m for m in durq_checks.check_exclusivity() if m.id == "durq.I001"]
     assert len(messages) == 1
     quoted = f"?: (durq.I001) {messages[0].msg}"
     assert quoted in docs_text(), f"the docs do not quote what `manage.py check` prints here:\n{quoted}"
