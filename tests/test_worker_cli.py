@@ -75,8 +75,8 @@ def test_reload_restarts_the_worker_when_a_module_changes(spawn_worker, worker_e
     output = worker.output()
     assert "reloading.py changed; restarting the worker" in output
     assert "Traceback" not in output
-    worker.signal(signal.SIGINT)
-    worker.wait(timeout=30)
+    worker.signal(signal.SIGINT)  # like Ctrl-C, even for a worker started with SIGINT ignored
+    assert worker.wait(timeout=30) == 0, worker.output()
 
 
 def test_reload_and_burst_do_not_go_together(worker_env):

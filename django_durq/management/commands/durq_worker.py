@@ -175,6 +175,9 @@ class Command(BaseCommand):
         if options["burst"]:
             raise ValueError("--reload restarts a long-running worker; it does not go with --burst")
         autoreload.file_changed.connect(self._restart_on_change, weak=False)
+        # Ctrl-C ends the reloader through KeyboardInterrupt, which a process started in the
+        # background would not get: such a process inherits SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             autoreload.run_with_reloader(self._run_reloaded, options)
         finally:
