@@ -300,7 +300,6 @@ def _non_negative(text: str | None, flag: str) -> float | None:
 
 
 def _configure_logging(verbosity: int) -> None:
-    logger = logging.getLogger("django_durq")
     logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
     if logger.handlers or logging.getLogger().handlers:
         return
