@@ -417,3 +417,11 @@ def test_commands_reference_covers_every_option() -> None:
         parser = load_command_class(app, name).create_parser("manage.py", name)
         missing = list(undocumented_options(parser, name, text))
         assert not missing, f"docs/reference/commands.md does not describe {missing}"
+
+
+def test_job_reference_covers_every_field() -> None:
+    from django_durq.models import Job
+
+    text = (DOCS / "reference" / "job.md").read_text()
+    missing = [field.name for field in Job._meta.concrete_fields if f"`{field.name}`" not in text]
+    assert not missing, f"docs/reference/job.md does not describe {missing}"
