@@ -21,7 +21,8 @@
 | durq.E020 | the PostgreSQL connection pool is smaller than a worker needs |
 | durq.W001 | SQLite is not in WAL mode                                   |
 | durq.W002 | SQLite transactions are not IMMEDIATE                       |
-| durq.I001 | which claimers the queue's database keeps apart              |
+| durq.W003 | a @job queue that DURQ["QUEUES"] does not name              |
+| durq.I001 | which claimers the queue's database keeps apart (--deploy)  |
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Info, Warning, register
 from django.db import connections
 
-from .conf import get_settings
+from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
 from .db.checks import database_check_problems, sqlite_setup_warnings
 from .registry import registry
@@ -64,7 +65,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return messages
     connection = connections[settings.database]
     try:
-        dialect = dialect_for(connection)
+        dialect_for(connection)
     except NotImplementedError as error:
         messages.append(Error(str(error), id="durq.E009"))
         return messages
@@ -84,14 +85,45 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="durq.E020",
             )
         )
-    messages.append(
+    return messages
+
+
+@register("django_durq")
+def check_queues(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A job on a queue the settings do not name waits for ever under a plain ``durq_worker``."""
+    configured = set(get_settings().queues)
+    unworked: dict[str, list[str]] = {}
+    for definition in registry.all():
+        queue = definition.queue or DEFAULT_QUEUE
+        if queue not in configured:
+            unworked.setdefault(queue, []).append(definition.name)
+    return [
+        Warning(
+            f'queue {queue!r} of job(s) {", ".join(names)} is not in DURQ["QUEUES"], so durq_worker does not work it',
+            hint=f'Add "{queue}": {{"concurrency": 4}} to DURQ["QUEUES"], or run a worker with --queue {queue}.',
+            id="durq.W003",
+        )
+        for queue, names in sorted(unworked.items())
+    ]
+
+
+# Deploy only: a fact about the set-up, not a problem, so ordinary commands do not print it.
+@register("django_durq", deploy=True)
+def check_exclusivity(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    settings = get_settings()
+    if settings.database not in django_settings.DATABASES:
+        return []  # durq.E004
+    try:
+        dialect = dialect_for(connections[settings.database])
+    except NotImplementedError:
+        return []  # durq.E009
+    return [
         Info(
             f"durq: the queue lives in database {settings.database!r} ({dialect.vendor}); "
             f"a job is claimed exclusively across {dialect.exclusivity}",
             id="durq.I001",
         )
-    )
-    return messages
+    ]
 
 
 @register("django_durq", "database", deploy=False)

@@ -9,9 +9,11 @@ import pytest
 from django.core.checks import run_checks
 from django.db import connection
 
+from django_durq import job
 from django_durq.clock import ManualClock, SystemClock
 from django_durq.conf import get_settings, parse
 from django_durq.db.checks import sqlite_setup_warnings
+from django_durq.registry import registry
 from tests.conftest import db_vendor, run_command
 
 
@@ -74,11 +76,36 @@ def test_settings_errors_reach_manage_py_check(settings):
     assert {"durq.E001", "durq.E005"} <= found
 
 
-def test_check_names_the_database_guarantee():
-    (info,) = [m for m in run_checks() if m.id == "durq.I001"]
+def test_check_deploy_names_the_database_guarantee():
+    (info,) = [m for m in run_checks(include_deployment_checks=True) if m.id == "durq.I001"]
     assert get_settings().database in info.msg
     expected = "processes on one host sharing the database file" if db_vendor() == "sqlite" else "any number of hosts"
     assert expected in info.msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ordinary_commands_are_quiet_on_a_correct_configuration(worker_env):
+    result = run_command("check", env=worker_env)
+    assert result.returncode == 0, result.stderr
+    assert "durq" not in result.stdout + result.stderr
+    assert "identified no issues" in result.stdout
+    assert not [m for m in run_checks() if m.id == "durq.I001"]
+
+
+def test_a_queue_no_setting_names_is_warned_about(settings):
+    settings.DURQ = {**settings.DURQ, "QUEUES": {"default": {}, "fast": {}, "slow": {}}}
+    assert "durq.W003" not in {message.id for message in run_checks()}
+
+    @job(name="tests.reports.monthly", queue="reports")
+    def monthly(ctx):
+        pass
+
+    try:
+        (warning,) = [m for m in run_checks() if m.id == "durq.W003"]
+    finally:
+        registry.remove("tests.reports.monthly")
+    assert "'reports'" in warning.msg and "tests.reports.monthly" in warning.msg
+    assert 'DURQ["QUEUES"]' in warning.hint and "--queue reports" in warning.hint
 
 
 def test_unknown_database_alias(settings):

@@ -58,7 +58,7 @@ PAGES = sorted(path for path in DOCS.rglob("*.md") if "_build" not in path.parts
 SIGNALS = [value for value in vars(durq_signals).values() if isinstance(value, Signal)]
 DIALECTS = {"sqlite": SQLiteDialect, "postgresql": PostgreSQLDialect, "mysql": MySQLDialect}
 # Programs that docs may show at a ``$`` prompt without this test running them.
-OTHER_PROGRAMS = {"systemctl", "journalctl", "make", "sqlite3", "docker", "kubectl", "git", "cd"}
+OTHER_PROGRAMS = {"systemctl", "journalctl", "make", "sqlite3", "docker", "kubectl", "git", "cd", "django-admin"}
 # Options every management command has; the commands reference need not repeat them.
 DJANGO_COMMON_OPTIONS = {
     "--help",
@@ -337,7 +337,7 @@ def test_every_database_guarantee_is_quoted_verbatim() -> None:
 
 
 def test_quoted_check_output_matches_this_database(db: None) -> None:
-    messages = [m for m in durq_checks.check_settings() if m.id == "durq.I001"]
+    messages = [m for m in durq_checks.check_exclusivity() if m.id == "durq.I001"]
     assert len(messages) == 1
     quoted = f"?: (durq.I001) {messages[0].msg}"
     assert quoted in docs_text(), f"the docs do not quote what `manage.py check` prints here:\n{quoted}"
@@ -417,3 +417,11 @@ def test_commands_reference_covers_every_option() -> None:
         parser = load_command_class(app, name).create_parser("manage.py", name)
         missing = list(undocumented_options(parser, name, text))
         assert not missing, f"docs/reference/commands.md does not describe {missing}"
+
+
+def test_job_reference_covers_every_field() -> None:
+    from django_durq.models import Job
+
+    text = (DOCS / "reference" / "job.md").read_text()
+    missing = [field.name for field in Job._meta.concrete_fields if f"`{field.name}`" not in text]
+    assert not missing, f"docs/reference/job.md does not describe {missing}"

@@ -183,7 +183,8 @@ def test_a_new_project_checks_migrates_and_runs_a_job(installed: Path, tmp_path:
     (tmp_path / "shop" / "jobs.py").write_text(JOBS)
     manage = [installed, "manage.py"]
 
-    checked = run([*manage, "check", "--fail-level", "WARNING"], cwd=tmp_path)
+    assert "identified no issues" in run([*manage, "check", "--fail-level", "WARNING"], cwd=tmp_path)
+    checked = run([*manage, "check", "--deploy", "--tag", "django_durq"], cwd=tmp_path)
     assert "(durq.I001)" in checked and "processes on one host sharing the database file" in checked
     run([*manage, "migrate", "--verbosity", "0"], cwd=tmp_path)
     assert "[X] 0001_initial" in run([*manage, "showmigrations", "django_durq"], cwd=tmp_path)

@@ -239,5 +239,5 @@ def test_t33_mariadb_without_skip_locked_is_refused():
 
 def test_t33_exclusivity_is_reported_for_the_database_in_use():
     words = {"sqlite": "processes on one host sharing the database file"}.get(db_vendor(), "any number of hosts")
-    infos = [m for m in checks.run_checks() if m.id == "durq.I001"]
+    infos = [m for m in checks.run_checks(include_deployment_checks=True) if m.id == "durq.I001"]
     assert len(infos) == 1 and infos[0].msg.endswith(f"a job is claimed exclusively across {words}")
