@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -33,8 +34,18 @@ class Store:
         # Django connections are per thread, so the dialect is built for the calling thread.
         return dialect_for(connections[self.alias])
 
-    def retrying(self, what: str, operation: Callable[[Dialect], T], give_up_after_s: float = 120.0) -> T:
-        """Run ``operation`` until it succeeds, waiting out contention and reconnecting after drops."""
+    def retrying(
+        self,
+        what: str,
+        operation: Callable[[Dialect], T],
+        give_up_after_s: float = 120.0,
+        give_up: threading.Event | None = None,
+    ) -> T:
+        """Run ``operation`` until it succeeds, waiting out contention and reconnecting after drops.
+
+        It gives up (raising the last error) after ``give_up_after_s``, or as soon as ``give_up``
+        is set: a worker asked to stop while the database is away stops at once.
+        """
         started = time.monotonic()
         delay = 0.005
         tries = 0
@@ -51,7 +62,7 @@ class Store:
                 contention = dialect.is_lock_error(error)
                 if not contention:
                     _drop_connection(connection)
-                if time.monotonic() - started > give_up_after_s:
+                if time.monotonic() - started > give_up_after_s or (give_up is not None and give_up.is_set()):
                     raise
                 level = logging.DEBUG if contention and tries < 20 else logging.WARNING
                 logger.log(level, "durq: %s failed (%s); retry %d in %.0f ms", what, _one_line(error), tries, delay * 1000)

@@ -108,10 +108,18 @@ class Supervisor:
             dialect.vendor,
             dialect.exclusivity,
         )
-        self._report_clock()
-        # The lock is held before the row exists, so a row with a released lock is a dead worker's.
-        runtime.presence = Presence.announce(alias, runtime.worker_id)
-        self._register()
+        try:
+            self._report_clock()
+            # The lock is held before the row exists, so a row with a released lock is a dead worker's.
+            runtime.presence = Presence.announce(alias, runtime.worker_id)
+            self._register()
+        except Exception:
+            if not runtime.stop_claiming.is_set():
+                raise
+            if runtime.presence is not None:
+                runtime.presence.withdraw()
+            logger.info("durq: worker %s stopped during start-up (%s)", runtime.worker_id, runtime.stop_reason)
+            return 0
         self.watcher.start()
         runtime.events.start()
         self.keeper.start()
@@ -195,7 +203,7 @@ class Supervisor:
         clock = self.runtime.clock
         if not isinstance(clock, ServerClock):
             return
-        self.runtime.store.retrying("clock check", lambda d: clock.measure())
+        self.runtime.store.retrying("clock check", lambda d: clock.measure(), give_up=self.runtime.stop_claiming)
         if abs(clock.offset_ms) >= 1_000:
             logger.warning(
                 "durq: this host's clock is %+.1f s off the database server's; leases, due times and schedules use "
@@ -207,7 +215,7 @@ class Supervisor:
     def _register(self) -> None:
         self.runtime.register = self._write_row
         now = self.runtime.clock.now_ms()
-        self.runtime.store.retrying("register worker", lambda d: self._write_row(now, 0))
+        self.runtime.store.retrying("register worker", lambda d: self._write_row(now, 0), give_up=self.runtime.stop_claiming)
 
     def _write_row(self, now: int, jobs_done: int) -> None:
         WorkerProcess.objects.using(self.settings.database).update_or_create(
