@@ -224,4 +224,14 @@ def test_task_finished_for_a_success_is_sent_by_a_real_worker_when_nothing_is_ke
     tasks = pytest.importorskip("tests.ledger.tasks")
     result = tasks.record.enqueue("signalled")
     faults.spawn_ready("--queue", "default:1", env={"DURQ_TEST_RECORD_TASK_SIGNALS": "1", "DURQ_TEST_KEEP_FINISHED": "0"})
-    wait_until(lambda: effects(int(result.id), "finished:SUCCESSFUL"), 30, "task_finished from the worker")
+    wait_until(lambda: effects(int(result.id.split("-")[0]), "finished:SUCCESSFUL"), 30, "task_finished from the worker")
+
+
+@pytest.mark.processes
+def test_task_finished_for_a_failure_is_sent_inside_the_except(faults):
+    tasks = pytest.importorskip("tests.ledger.tasks")
+    result = tasks.fail.using(max_attempts=1).enqueue("broken")
+    faults.spawn_ready("--queue", "default:1", env={"DURQ_TEST_RECORD_TASK_SIGNALS": "1"})
+    job_id = int(result.id.split("-")[0])
+    wait_until(lambda: effects(job_id, "finished:FAILED"), 30, "task_finished for the failure")
+    assert effects(job_id, "finished-exc:ValueError"), [e.tag for e in effects(job_id)]

@@ -124,5 +124,18 @@ if os.environ.get("DURQ_TEST_RECORD_TASK_SIGNALS"):
 
         return receiver
 
+    def _record_exc_info(sender, task_result, **kwargs):
+        import sys
+
+        kind = sys.exc_info()[0]
+        Effect.objects.create(
+            job_id=int(task_result.id.split("-")[0]),
+            token=0,
+            pid=os.getpid(),
+            started_ms=now_ms(),
+            tag=f"finished-exc:{kind.__name__ if kind is not None else None}",
+        )
+
     task_started.connect(_record("started"), weak=False)
     task_finished.connect(_record("finished"), weak=False)
+    task_finished.connect(_record_exc_info, weak=False)
