@@ -116,15 +116,7 @@ def _values(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[s
     else:
         run_at = created
     queue = options.queue or definition.queue or DEFAULT_QUEUE
-    if options.lease is not None:
-        lease_ms = seconds_to_ms(options.lease)
-        if lease_ms < 2 * settings.heartbeat_interval_ms:
-            raise ValueError(
-                f"lease is {lease_ms / 1000:g} s, less than two heartbeat intervals ({settings.heartbeat_interval_ms / 1000:g} s"
-                ' each, DURQ["HEARTBEAT_INTERVAL"]): a worker would lose the job between two heartbeats'
-            )
-    else:
-        lease_ms = definition.lease_ms or settings.lease_ms
+    lease_ms = seconds_to_ms(options.lease) if options.lease is not None else definition.lease_ms or settings.lease_ms
     if options.timeout is not None:
         timeout_ms: int | None = seconds_to_ms(options.timeout)
     else:

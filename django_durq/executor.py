@@ -50,6 +50,16 @@ ABANDONED = "abandoned"  # another recorder (a timeout) settled this attempt fir
 
 
 @dataclass
+class Completion:
+    """A finished attempt whose completion a worker pool commits in a batch."""
+
+    result: Any  # the handler's return value, for job_finished
+    keep: bool  # keep the finished row (retention on) rather than delete it
+    stored: str | None  # the result as stored when kept
+    finished_ms: int
+
+
+@dataclass
 class Failure:
     kind: str  # exception, timeout, unknown_job, decode, lease_expired, retry
     message: str
@@ -70,7 +80,7 @@ class Executor:
         clock: Clock,
         worker_id: str,
         count: Callable[..., None] = lambda queue, outcome, n=1: None,
-        defer_completion: Callable[[ClaimedJob, JobContext, Any], None] | None = None,
+        defer_completion: Callable[[ClaimedJob, JobContext, Completion], None] | None = None,
         emit: Callable[..., None] = send,
     ) -> None:
         self.store = store
@@ -251,21 +261,24 @@ class Executor:
     def _finish(
         self, job: ClaimedJob, ctx: JobContext, definition: JobDefinition | None, result: Any, errors: list[dict[str, Any]]
     ) -> str:
-        if self._keep_finished_ms(job.queue) > 0:
+        keep = self._keep_finished_ms(job.queue) > 0
+        stored: str | None = None
+        if keep and result is not None:
             try:
-                stored = encode_json(result, "result") if result is not None else None
+                stored = encode_json(result, "result")
             except InvalidPayload as error:
                 failure = Failure(
                     "exception", f"the handler returned a value that is not JSON: {error}", "django_durq.InvalidPayload"
                 )
                 return self._fail(job, ctx, definition, failure, errors)
-            now = self.clock.now_ms()
-            held = self.store.retrying("finish", lambda d: d.finish(ctx.lease, now, stored, None))
-        elif self.defer_completion is not None:
-            self.defer_completion(job, ctx, result)
+        now = self.clock.now_ms()
+        if self.defer_completion is not None:
+            self.defer_completion(job, ctx, Completion(result, keep, stored, now))
             return FINISHED
+        hooks.jitter("complete")
+        if keep:
+            held = self.store.retrying("finish", lambda d: d.finish(ctx.lease, now, stored, None))
         else:
-            hooks.jitter("complete")
             held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
         if not held:
             logger.warning("durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name)

@@ -53,7 +53,7 @@ class JobOptions:
         if self.max_attempts is not None:
             check_max_attempts(self.max_attempts)
         if self.lease is not None:
-            check_duration("lease", self.lease)
+            check_lease(self.lease)
         if self.timeout is not None:
             check_duration("timeout", self.timeout)
 
@@ -77,7 +77,7 @@ def check_handler_options(
     if max_attempts is not None:
         check_max_attempts(max_attempts)
     if lease is not None:
-        check_duration("lease", lease)
+        check_lease(lease)
     if timeout is not None:
         check_duration("timeout", timeout)
     if backoff is not None and not isinstance(backoff, Backoff):
@@ -113,6 +113,19 @@ def check_max_attempts(max_attempts: object) -> None:
         raise TypeError(f"max_attempts must be a whole number of at least 1, not {type(max_attempts).__name__}")
     if max_attempts < 1:
         raise ValueError(f"max_attempts is {max_attempts}; it must be at least 1")
+
+
+# The shortest lease a job may ask for. The lease keeper renews each lease three times per lease
+# whatever HEARTBEAT_INTERVAL is, but a lease that has to be renewed every few milliseconds would
+# keep the database busy and tell handlers to stop at every hiccup.
+MIN_LEASE_S = 1.0
+
+
+def check_lease(value: object) -> None:
+    check_duration("lease", value)
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)  # type: ignore[arg-type]
+    if seconds < MIN_LEASE_S:
+        raise ValueError(f"lease is {value!r}; it must be at least {MIN_LEASE_S:g} second")
 
 
 def check_duration(option: str, value: object, *, allow_zero: bool = False) -> None:

@@ -105,11 +105,15 @@ def test_run_at_and_run_in_together_are_refused_but_a_later_using_replaces_an_ea
     assert queued.run_at_ms == queued.created_ms
 
 
-def test_a_lease_shorter_than_two_heartbeats_is_refused_at_enqueue(settings):
+def test_a_lease_shorter_than_a_second_is_refused_at_enqueue_and_by_job(settings):
+    # The lease keeper renews a lease three times per lease whatever HEARTBEAT_INTERVAL is, so
+    # a lease shorter than two heartbeats is kept; one shorter than a second is refused.
     settings.DURQ = {**settings.DURQ, "LEASE": 30, "HEARTBEAT_INTERVAL": 5}
-    with pytest.raises(ValueError, match=r"lease is 9 s, less than two heartbeat intervals \(5 s each"):
-        jobs.noop.using(lease=9).enqueue()
-    assert jobs.noop.using(lease=10).enqueue().lease_ms == 10_000
+    with pytest.raises(ValueError, match=r"lease is 0.5; it must be at least 1 second"):
+        jobs.noop.using(lease=0.5).enqueue()
+    with pytest.raises(ValueError, match=r"lease is 0.5; it must be at least 1 second"):
+        job(name="tests.short-lease", lease=0.5)(lambda ctx: None)
+    assert jobs.noop.using(lease=9).enqueue().lease_ms == 9_000
     assert Job.objects.count() == 1
 
 

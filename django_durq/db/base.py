@@ -218,16 +218,37 @@ class Dialect:
         held, params = self.held_many(leases)
         return {(row[0], row[1]) for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id, claim_token", params)}
 
+    def finished_leases(self, leases: Sequence[Lease]) -> set[Lease]:
+        """Which of these leases ended as finished jobs (kept) under their own token."""
+        if not leases:
+            return set()
+        fence, params = _fence(leases)
+        rows = self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE status = 'finished' AND {fence}", params)
+        return {(row[0], row[1]) for row in rows}
+
     def existing_ids(self, ids: Sequence[int]) -> set[int]:
         marks = ", ".join(["%s"] * len(ids))
         return {row[0] for row in self.fetchall(f"SELECT id FROM {JOB} WHERE id IN ({marks})", list(ids))}
 
     def complete_and_claim(
-        self, leases: Sequence[Lease], queue: str, limit: int, now_ms: int, worker_id: str
+        self,
+        leases: Sequence[Lease],
+        queue: str,
+        limit: int,
+        now_ms: int,
+        worker_id: str,
+        kept: Sequence[tuple[Lease, int, str | None]] = (),
     ) -> tuple[set[Lease], list[ClaimedJob]]:
-        """Record finished jobs and claim the next ones in one transaction: one commit, not two."""
+        """Record finished jobs and claim the next ones in one transaction: one commit, not two.
+
+        ``leases`` are deleted; ``kept`` rows of (lease, finished at, result text) stay as
+        finished jobs (retention on).
+        """
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases)
+            for lease, finished_ms, result in kept:
+                if self.finish(lease, finished_ms, result, None):
+                    done.add(lease)
             claimed = self.claim(queue, limit, now_ms, worker_id) if limit > 0 else []
         return done, claimed
 

@@ -26,7 +26,7 @@ FINISHING = "finishing"  # the handler returned; its completion waits to be comm
 
 
 class Attempt:
-    __slots__ = ("abandoned", "buffered_at", "ctx", "job", "pool", "result", "state")
+    __slots__ = ("abandoned", "buffered_at", "ctx", "finished_ms", "job", "pool", "result", "state", "stored")
 
     def __init__(self, job: ClaimedJob, ctx: JobContext, pool: Pool | None = None) -> None:
         self.job = job
@@ -35,6 +35,9 @@ class Attempt:
         self.state = BUFFERED
         self.buffered_at = time.monotonic()
         self.result: Any = None
+        # Set when its finished row is kept (retention on): the result as stored, and when it finished.
+        self.stored: str | None = None
+        self.finished_ms: int | None = None
         # A timeout gave this attempt's slot to a new thread: the old thread, when its handler
         # returns at last, records nothing and takes no further job.
         self.abandoned = False

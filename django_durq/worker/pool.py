@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -38,7 +38,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .. import hooks, wakeup
 from ..context import JobContext
 from ..db import ClaimedJob, Dialect, Lease
-from ..executor import ABANDONED, DEAD, Executor, reclaim_connection
+from ..executor import ABANDONED, DEAD, Completion, Executor, reclaim_connection
 from .attempt import FINISHING, RUNNING, Attempt
 
 if TYPE_CHECKING:
@@ -65,8 +65,6 @@ SERIALIZED_GAP_FACTOR = 1.0
 SHARING_S = 0.25
 
 
-_UNFINISHED = object()
-
 # A job claimed ahead that has waited this long for a slot is handed back for other workers.
 BUFFER_MAX_WAIT_S = 0.25
 
@@ -84,7 +82,7 @@ class Pool:
         self._ready: deque[Attempt] = deque()  # claimed, not started
         self._running: set[Attempt] = set()  # handlers running on a slot (abandoned ones excluded)
         self._completions: list[Attempt] = []  # finished, completion not committed yet
-        self._finished_results: dict[Lease, Any] = {}  # set by the executor on the slot's thread
+        self._finished_results: dict[Lease, Completion] = {}  # set by the executor on the slot's thread
         self._closing = False
         self._busy = 0
         self._threads: list[threading.Thread] = []
@@ -326,9 +324,9 @@ class Pool:
         if released:
             logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
 
-    def _defer_completion(self, job: ClaimedJob, ctx: JobContext, result: Any) -> None:
+    def _defer_completion(self, job: ClaimedJob, ctx: JobContext, completion: Completion) -> None:
         # Taken up by the slot's next _next_job(), inside the lock it takes anyway.
-        self._finished_results[ctx.lease] = result
+        self._finished_results[ctx.lease] = completion
 
     def _take_completions(self) -> list[Attempt]:
         with self._lock:
@@ -362,7 +360,8 @@ class Pool:
         limit, now = claim if claim else (0, 0)
         if not completions:
             return runtime.store.claim(self.queue, limit, now, runtime.worker_id) if limit > 0 else []
-        leases = [attempt.lease for attempt in completions]
+        leases = [attempt.lease for attempt in completions if attempt.finished_ms is None]
+        kept = [(a.lease, a.finished_ms, a.stored) for a in completions if a.finished_ms is not None]
         first_try = time.monotonic()
         tries = 0
 
@@ -370,14 +369,24 @@ class Pool:
             nonlocal tries
             tries += 1
             hooks.jitter("complete")
-            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id)
+            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id, kept)
 
         try:
             done, jobs = runtime.store.retrying("complete", complete_and_claim)
             missing = [attempt for attempt in completions if attempt.lease not in done]
             if missing and tries > 1:
+                # The first try may have committed before its answer was lost: a deleted row is
+                # gone, a kept one is finished under this attempt's own token.
+                finished_here = runtime.store.retrying(
+                    "check completions", lambda d: d.finished_leases([a.lease for a in missing])
+                )
                 present = runtime.store.retrying("check completions", lambda d: d.existing_ids([a.job.id for a in missing]))
-                done |= {a.lease for a in missing if a.job.id not in present and a.ctx.confirmed_until > first_try}
+                done |= finished_here
+                done |= {
+                    a.lease
+                    for a in missing
+                    if a.finished_ms is None and a.job.id not in present and a.ctx.confirmed_until > first_try
+                }
             self.executor.finished_many([(a.job, a.ctx, a.result) for a in completions if a.lease in done])
             for attempt in completions:
                 if attempt.lease not in done:
@@ -412,10 +421,12 @@ class Pool:
         with self._has_ready:
             if finished is not None:
                 self._running.discard(finished)
-                result = self._finished_results.pop(finished.lease, _UNFINISHED)
-                if result is not _UNFINISHED:
+                completion = self._finished_results.pop(finished.lease, None)
+                if completion is not None:
                     finished.state = FINISHING
-                    finished.result = result
+                    finished.result = completion.result
+                    if completion.keep:
+                        finished.stored, finished.finished_ms = completion.stored, completion.finished_ms
                     self._completions.append(finished)
                     pending = len(self._completions)
                     if pending == 1:
