@@ -37,6 +37,7 @@ from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
 from .db.checks import database_check_problems, sqlite_setup_warnings
 from .registry import registry
+from .worker.runtime import connections_needed
 
 
 @register("django_durq")
@@ -73,9 +74,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         for id_, message, hint in sqlite_setup_warnings(connection.settings_dict):
             messages.append(Warning(message, hint=hint, id=id_))
     pool = (connection.settings_dict.get("OPTIONS") or {}).get("pool")
-    # A connection per slot thread and per queue's dispatcher, plus the monitor, the
-    # maintenance runner and the main thread (the wake-up listener opens its own, outside the pool).
-    needed = sum(queue.concurrency + 1 for queue in settings.queues.values()) + 3
+    needed = connections_needed([queue.concurrency for queue in settings.queues.values()])
     if connection.vendor == "postgresql" and isinstance(pool, dict) and pool.get("max_size", needed) < needed:
         messages.append(
             Error(

@@ -17,6 +17,17 @@ from ..store import Store
 from .attempt import AttemptBook
 from .events import Events
 
+# Database connections a worker process holds besides one per slot and one per queue's dispatcher:
+# the monitor, the lease keeper, the maintenance runner and the events thread (once a signal
+# receiver uses the database). The main thread closes its own once the worker has started, and
+# the wake-up watcher (PostgreSQL, MariaDB) opens one more outside Django's connection handling.
+SHARED_CONNECTIONS = 4
+
+
+def connections_needed(concurrencies: list[int]) -> int:
+    """Connections from Django's pool that one worker running queues of these sizes holds at most."""
+    return sum(size + 1 for size in concurrencies) + SHARED_CONNECTIONS
+
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"

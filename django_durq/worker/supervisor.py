@@ -131,6 +131,7 @@ class Supervisor:
             self.maintenance.run_once(runtime.clock.now_ms())
         else:
             self.maintenance.start()
+        connections.close_all()  # the main thread needs no connection until the worker stops
         try:
             while not all(pool.finished.is_set() for pool in self.pools):
                 runtime.wake_supervisor.wait(0.1)
