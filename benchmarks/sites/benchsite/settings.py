@@ -100,6 +100,8 @@ DATABASES["default"]["CONN_MAX_AGE"] = 600
 if SYSTEM == "durq":
     INSTALLED_APPS += ["django_durq", "bench_durq"]
     DURQ = {"QUEUES": {"default": {"concurrency": 4}}}
+    if os.environ.get("BENCH_DURQ_KEEP_FINISHED"):  # finished jobs kept for that many seconds
+        DURQ["KEEP_FINISHED"] = float(os.environ["BENCH_DURQ_KEEP_FINISHED"])
 elif SYSTEM == "tasks-db":
     INSTALLED_APPS += ["django_tasks_db", "bench_tasksdb"]
     TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
