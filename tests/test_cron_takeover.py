@@ -66,3 +66,18 @@ def test_killing_the_duty_holder_hands_cron_to_another_worker_within_seconds(spa
 
     dues = due_times()
     assert dues == list(range(dues[0], dues[-1] + 1, 1000)), "a due time was dropped or enqueued twice"
+
+
+@pytest.mark.django_db
+def test_the_duty_lease_is_held_by_one_worker_until_it_runs_out_or_is_handed_back():
+    from django_durq.worker.maintenance import LEASE_TTL_MS, acquire_duty_lease, release_duty_lease
+
+    start = 1_700_000_000_000
+    assert acquire_duty_lease("default", "a", start, LEASE_TTL_MS)
+    assert not acquire_duty_lease("default", "b", start + LEASE_TTL_MS, LEASE_TTL_MS)  # held to the end
+    assert acquire_duty_lease("default", "b", start + LEASE_TTL_MS + 1, LEASE_TTL_MS)  # then taken over
+    assert not acquire_duty_lease("default", "a", start + LEASE_TTL_MS + 2, LEASE_TTL_MS)
+    release_duty_lease("default", "a")  # not the holder any more: changes nothing
+    assert not acquire_duty_lease("default", "c", start + LEASE_TTL_MS + 3, LEASE_TTL_MS)
+    release_duty_lease("default", "b")  # a graceful stop hands it over at once
+    assert acquire_duty_lease("default", "c", start + LEASE_TTL_MS + 4, LEASE_TTL_MS)
