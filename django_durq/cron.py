@@ -114,12 +114,13 @@ def _next(expression: str, tz: ZoneInfo, after_ms: int, original: str) -> int:
 
 
 def _next_wall_clock(expression: str, tz: ZoneInfo, after_ms: int) -> int:
-    # Due times are whole seconds, so starting from the whole second at or before ``after_ms``
-    # gives the first one after it. For a fixed local time cronsim searches wall-clock time and
-    # answers with the first pass of a repeated hour; searching from inside the second pass, that
-    # answer lies in the past (it is the occurrence that already ran), so the search goes on
-    # from there until it passes ``after_ms``.
-    start = datetime.fromtimestamp(after_ms // 1000, tz)
+    # For a fixed local time cronsim searches wall-clock time and answers with the first pass of
+    # a repeated hour; searching from inside the second pass, that answer lies in the past (it is
+    # the occurrence that already ran), so the search goes on from there until it passes
+    # ``after_ms``. It starts a minute early: a time skipped by a gap that ends within a minute
+    # (zones left their local mean time by odd seconds) runs at the first whole minute after it,
+    # which a search from inside that minute would otherwise step over.
+    start = datetime.fromtimestamp(after_ms // 1000 - 60, tz)
     while True:
         due = next(CronSim(expression, start))
         if due.timestamp() * 1000 > after_ms:
