@@ -7,9 +7,9 @@ race, one update changes the row and the others change nothing; if the enqueue f
 rollback hands the due time back for the next pass.
 
 A due time is missed only when no worker was up to enqueue it: when the pass that reaches it
-comes more than ``on_time_ms`` (:data:`ON_TIME_MS`, longer for the duty when taking it over can
-take longer) after it. Every due time a pass reaches sooner is enqueued, each on its own, so a
-pass that comes late merges and drops nothing. Missed due times follow the schedule's ``missed``
+comes more than ``on_time_ms`` (:data:`ON_TIME_MS`, many times what taking over the duty from a
+dead worker takes) after it. Every due time a pass reaches sooner is enqueued, each on its own,
+so a pass that comes late merges and drops nothing. Missed due times follow the schedule's ``missed``
 policy: ``"collapse"`` (the default) runs once for all of them, ``"skip"`` runs none, ``"all"``
 runs each one. A pass takes at most :data:`CATCH_UP_LIMIT` due times of a schedule; the next
 pass goes on.

@@ -31,7 +31,7 @@ INTERVAL_MS = 1_000
 # The lease is short so that a killed holder's duties resume within seconds. The duties do not
 # rely on it for safety (a schedule's due time is taken by compare-and-set, pruning deletes only
 # what is still expired), so when a slow pass lets it run out, two holders for a moment cost
-# nothing but repeated reads.
+# nothing but work done twice.
 LEASE_TTL_MS = 4 * INTERVAL_MS
 # The longest the duties wait for another worker after their holder dies: its lease runs out,
 # then the next pass of another worker takes it.
@@ -174,12 +174,17 @@ class MaintenanceRunner:
         try:
             while not self.stopped.wait(self._until_next_pass_s()):
                 self.run_once(self.runtime.clock.now_ms())
-            if self.runtime.presence is None:
-                release_duty_lease(self.runtime.settings.database, self.runtime.worker_id)
+        finally:
+            self._hand_back()
+            connections.close_all()
+
+    def _hand_back(self) -> None:
+        if self.runtime.presence is not None:
+            return  # the leader lock is dropped with the presence at a clean stop
+        try:
+            release_duty_lease(self.runtime.settings.database, self.runtime.worker_id)
         except DatabaseError:
             logger.warning("durq: the maintenance lease could not be handed back; another worker takes it once it runs out")
-        finally:
-            connections.close_all()
 
     def _until_next_pass_s(self) -> float:
         """Seconds until the next pass, on the clock's interval grid however long the last one took.
