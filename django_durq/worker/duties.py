@@ -14,25 +14,23 @@ from django.db.models import Q
 from .. import schedules
 from ..conf import DurqSettings
 from ..models import Job, QueueStat, Status
-from .maintenance import INTERVAL_MS, register_duty
+from .maintenance import register_duty
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 
 class CronDuty:
-    """Enqueues each schedule's run once its due time has come (``schedules.tick``)."""
+    """Enqueues each schedule's run once its due time has come (``schedules.tick``).
+
+    Due times that came while the duty passed from a dead holder to another worker are not
+    missed: ``schedules.ON_TIME_MS`` is many times ``TAKEOVER_MS``, so each is still enqueued.
+    """
 
     name = "cron"
 
-    def __init__(self, settings: DurqSettings) -> None:
-        # A worker taking over the maintenance lease from a dead one is not "late": a due time
-        # counts as missed (for missed="skip") only once it is older than a takeover can take.
-        takeover_ms = max(10 * INTERVAL_MS, 3 * settings.heartbeat_interval_ms)
-        self.on_time_ms = max(schedules.ON_TIME_MS, 2 * takeover_ms)
-
     def run_once(self, now_ms: int) -> dict[str, int]:
-        return schedules.tick(now_ms, on_time_ms=self.on_time_ms)
+        return schedules.tick(now_ms)
 
 
 class RetentionDuty:
@@ -111,7 +109,7 @@ class StatsRetention:
 
 
 def _cron(runtime: Runtime) -> CronDuty:
-    return CronDuty(runtime.settings)
+    return CronDuty()
 
 
 def _retention(runtime: Runtime) -> RetentionDuty:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Q
 
 from .. import presence
@@ -28,6 +28,17 @@ logger = logging.getLogger("django_durq")
 
 LEASE_NAME = "maintenance"
 INTERVAL_MS = 1_000
+# The lease is short so that a killed holder's duties resume within seconds. The duties do not
+# rely on it for safety (a schedule's due time is taken by compare-and-set, pruning deletes only
+# what is still expired), so when a slow pass lets it run out, two holders for a moment cost
+# nothing but work done twice.
+LEASE_TTL_MS = 4 * INTERVAL_MS
+# The longest the duties wait for another worker after their holder dies: its lease runs out,
+# then the next pass of another worker takes it.
+TAKEOVER_MS = LEASE_TTL_MS + INTERVAL_MS
+# Passes start this long after each whole interval of the clock, so that a due time on a whole
+# second is reached by the pass just after it, not a second later.
+PASS_OFFSET_MS = 20
 
 
 class Duty(Protocol):
@@ -116,6 +127,11 @@ def acquire_duty_lease(alias: str, holder: str, now_ms: int, ttl_ms: int, name: 
         return False
 
 
+def release_duty_lease(alias: str, holder: str, name: str = LEASE_NAME) -> None:
+    """Let the named lease go at once if ``holder`` holds it: a stopping worker's duties resume without delay."""
+    DutyLease.objects.using(alias).filter(name=name, holder=holder).update(expires_ms=0)
+
+
 def _runner(duty: Duty, now_ms: int) -> Callable[[object], dict[str, int]]:
     return lambda dialect: duty.run_once(now_ms)
 
@@ -141,9 +157,8 @@ class MaintenanceRunner:
         if runtime.presence is not None:
             held = runtime.presence.lead()  # an OS lock: leading costs no write
         else:
-            ttl = max(10 * INTERVAL_MS, 3 * runtime.settings.heartbeat_interval_ms)
             held = runtime.store.retrying(
-                "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, ttl)
+                "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, LEASE_TTL_MS)
             )
         if not held:
             return None
@@ -157,7 +172,26 @@ class MaintenanceRunner:
 
     def _loop(self) -> None:
         try:
-            while not self.stopped.wait(INTERVAL_MS / 1000):
+            while not self.stopped.wait(self._until_next_pass_s()):
                 self.run_once(self.runtime.clock.now_ms())
         finally:
+            self._hand_back()
             connections.close_all()
+
+    def _hand_back(self) -> None:
+        if self.runtime.presence is not None:
+            return  # the leader lock is dropped with the presence at a clean stop
+        try:
+            release_duty_lease(self.runtime.settings.database, self.runtime.worker_id)
+        except DatabaseError:
+            logger.warning("durq: the maintenance lease could not be handed back; another worker takes it once it runs out")
+
+    def _until_next_pass_s(self) -> float:
+        """Seconds until the next pass, on the clock's interval grid however long the last one took.
+
+        Waiting a whole interval after each pass would let passes drift later and later past the
+        whole seconds that due times fall on.
+        """
+        now = self.runtime.clock.now_ms()
+        following = (now - PASS_OFFSET_MS) // INTERVAL_MS * INTERVAL_MS + INTERVAL_MS + PASS_OFFSET_MS
+        return (following - now) / 1000
