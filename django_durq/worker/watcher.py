@@ -33,7 +33,7 @@ SQLITE_CHECK_S = 0.01  # 100 cheap reads a second: ~5 ms of added wake-up latenc
 MYSQL_CHECK_S = 0.025
 # How long the watcher waits for a gap in the ids to fill (a transaction still open, or one that
 # rolled back), and how many gaps it keeps in view at most; past either, the poll interval covers.
-GAP_S = 5.0
+GAP_S = 30.0
 MAX_GAPS = 100
 
 
