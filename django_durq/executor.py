@@ -19,6 +19,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError, connections
+from django.dispatch import Signal
 
 from . import hooks, wakeup
 from .clock import Clock, datetime_to_ms, ms_to_datetime, seconds_to_ms
@@ -82,6 +83,7 @@ class Executor:
         count: Callable[..., None] = lambda queue, outcome, n=1: None,
         defer_completion: Callable[[ClaimedJob, JobContext, Completion], None] | None = None,
         emit: Callable[..., None] = send,
+        emit_many: Callable[[Signal, Any, list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -92,6 +94,7 @@ class Executor:
         self.defer_completion = defer_completion
         # How signals are sent: a worker hands them to its events thread; tests send them inline.
         self.emit = emit
+        self.emit_many = emit_many or _send_each
         self.hooks_enabled = settings.test_hooks_dir is not None
         # The connection's transaction state before the handler ran (see reclaim_connection).
         self._before_handler: tuple[int, bool] = (0, True)
@@ -298,8 +301,11 @@ class Executor:
                 jobs_log.info(
                     "durq: job %s (%s) finished in %.3f s", job.id, job.name, took, extra={**_extra(job), "duration": took}
                 )
-        for job, _, result in completions:
-            self.emit(job_finished, sender=Executor, job_id=job.id, name=job.name, queue=job.queue, result=result)
+        if job_finished.has_listeners(Executor):
+            announcements = [
+                {"job_id": job.id, "name": job.name, "queue": job.queue, "result": result} for job, _, result in completions
+            ]
+            self.emit_many(job_finished, Executor, announcements)
 
     def _fail(
         self,
@@ -434,6 +440,11 @@ def _reset_atomic_state(connection: Any) -> None:
     connection.needs_rollback = False
     connection.closed_in_transaction = False
     connection.commit_on_exit = True
+
+
+def _send_each(signal: Signal, sender: Any, each: list[dict[str, Any]]) -> None:
+    for kwargs in each:
+        send(signal, sender, **kwargs)
 
 
 def _iso(ms: int | None) -> str:

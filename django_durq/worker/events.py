@@ -48,7 +48,12 @@ class Events:
 
     def emit(self, signal: Signal, sender: Any, error: BaseException | None = None, **kwargs: Any) -> None:
         if signal.has_listeners(sender):
-            self._queue.put((signal, sender, error, kwargs))
+            self._queue.put((signal, sender, error, [kwargs]))
+
+    def emit_many(self, signal: Signal, sender: Any, each: list[dict[str, Any]]) -> None:
+        """One announcement per item of ``each``, queued as one event (a batch of completions)."""
+        if each and signal.has_listeners(sender):
+            self._queue.put((signal, sender, None, each))
 
     def _loop(self) -> None:
         try:
@@ -56,9 +61,10 @@ class Events:
                 item = self._queue.get()
                 if item is _STOP:
                     return
-                signal, sender, error, kwargs = item
-                hooks.jitter("receiver")
-                send(signal, sender, error, **kwargs)
+                signal, sender, error, each = item
+                for kwargs in each:
+                    hooks.jitter("receiver")
+                    send(signal, sender, error, **kwargs)
                 close_old_connections()
         finally:
             connections.close_all()

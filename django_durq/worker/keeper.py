@@ -37,7 +37,7 @@ class LeaseKeeper:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.stopped = threading.Event()
-        self.kick = threading.Event()  # a new attempt with a short lease may need an earlier renewal
+        self.kick = threading.Event()  # a job with a lease shorter than three heartbeats was claimed
         self._thread = threading.Thread(target=self._loop, name="durq-lease-keeper", daemon=True)
 
     def start(self) -> None:
@@ -56,11 +56,16 @@ class LeaseKeeper:
         return max(tick_ms / 1000, MIN_TICK_S)
 
     def _loop(self) -> None:
+        last = time.monotonic()
         try:
             while not self.stopped.is_set():
-                self.kick.wait(self._tick_s())
+                # A kick (a job with a short lease was claimed) only shortens the wait.
+                self.kick.wait(max(0.0, last + self._tick_s() - time.monotonic()))
                 self.kick.clear()
-                if not self.stopped.is_set():
+                if self.stopped.is_set():
+                    break
+                if time.monotonic() - last >= self._tick_s():
+                    last = time.monotonic()
                     self.renew_once()
         except BaseException:
             logger.exception("durq: the lease keeper stopped on an unexpected error")

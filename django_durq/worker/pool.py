@@ -75,6 +75,7 @@ class Pool:
         self.concurrency = concurrency
         self.runtime = runtime
         self.prefetch_ms = runtime.settings.prefetch_ms(queue)
+        self._heartbeat_ms = runtime.settings.heartbeat_interval_ms
         self.kick = threading.Event()
         self.finished = threading.Event()  # the dispatcher has stopped and every slot is idle
         self._lock = threading.Lock()
@@ -105,6 +106,7 @@ class Pool:
             count=runtime.count,
             defer_completion=self._defer_completion,
             emit=runtime.events.emit,
+            emit_many=runtime.events.emit_many,
         )
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"durq-{queue}-dispatch", daemon=True)
 
@@ -267,7 +269,8 @@ class Pool:
             ctx.confirmed_until = claimed_mono + job.lease_ms / 1000
             attempts.append(Attempt(job, ctx, self))
         runtime.book.add(attempts)
-        runtime.keeper_kick()
+        if any(job.lease_ms < 3 * self._heartbeat_ms for job in jobs):
+            runtime.keeper_kick()  # renewals of so short a lease are due before the next heartbeat
         with self._has_ready:
             self._ready.extend(attempts)
             self._has_ready.notify(len(attempts))
