@@ -13,8 +13,8 @@ from django.utils import timezone
 from django.utils.dateformat import format as date_format
 
 from . import ops
-from .admin import COUNT_CAP
 from .clock import ms_to_datetime, now_ms
+from .job_admin import COUNT_CAP
 from .models import Queue
 from .ops import format_age as age
 from .ops import local_time as when

@@ -7,13 +7,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from . import schedules
+from .admin_input import GuardedAdmin
 from .clock import now_ms
 from .models import Schedule
 from .ops import local_time
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(GuardedAdmin):
     list_display = ("name", "cron", "timezone", "job", "last_run", "next_run", "last_job_id")
     search_fields = ("name",)
     ordering = ("name",)

@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 
 from django_durq import queue_admin
-from django_durq.admin import CappedCountPaginator
 from django_durq.clock import now_ms
+from django_durq.job_admin import CappedCountPaginator
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
 from django_durq.ops import format_age as age
