@@ -30,9 +30,8 @@ from .conf import get_settings
 from .models import Job, Status
 from .ops import format_age as age
 from .ops import local_time as when
+from .ops.stats import COUNT_CAP
 from .registry import registry
-
-COUNT_CAP = 10_000  # a page's row count stops here (the Queues page's counts too)
 
 
 class CappedCountPaginator(Paginator):

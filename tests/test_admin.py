@@ -272,6 +272,19 @@ def test_queues_page_counts_workers_and_chart(superuser):
     assert "<script" not in page.split('<div id="content-main">')[1], "the page needs no script"
 
 
+def test_queues_page_warns_of_due_jobs_no_live_worker_serves(superuser):
+    now = now_ms()
+    WorkerProcess.objects.create(worker_id="w", host="h", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now)
+    make_job("waiting", queue="default", run_at_ms=now - 1_000)
+    assert 'id="durq-unserved"' not in superuser.get(QUEUES).content.decode()
+    make_job("waiting", queue="video", run_at_ms=now - 1_000)
+    make_job("waiting", queue="video", run_at_ms=now - 1_000)
+    page = text(superuser.get(QUEUES))
+    assert 'id="durq-unserved"' in page
+    assert "2 jobs are due in queue “video”, and no live worker serves it: they wait until a worker runs that queue." in page
+    assert "queue “default”" not in page
+
+
 def test_queues_page_counts_stop_at_the_cap(superuser, monkeypatch):
     monkeypatch.setattr(queue_admin, "COUNT_CAP", 2)
     for _ in range(3):
@@ -313,7 +326,7 @@ def test_health_and_metrics_with_a_token():
     with override_settings(DURQ={**settings.DURQ, "MONITORING": {"TOKEN": "s3cret-s3cret-s3cret", "MAX_WAIT": 60}}):
         assert Client().get("/durq/health/", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
         unhealthy = Client().get("/durq/health/", **bearer)
-        assert unhealthy.status_code == 503 and unhealthy.json()["problems"] == ["0 live worker(s), fewer than 1"]
+        assert unhealthy.status_code == 503 and unhealthy.json()["problems"] == ["0 live workers, fewer than 1"]
         WorkerProcess.objects.create(worker_id="w", host="h", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now)
         assert Client().get("/durq/health/", **bearer).status_code == 200
         make_job("waiting", run_at_ms=now - 120_000, queue='we"ird')

@@ -42,6 +42,17 @@ def test_stats_table_and_json():
     assert data["default"]["oldest_wait_ms"] == 90_000 and data["fast"]["dead"] == 1
 
 
+def test_stats_warns_of_due_jobs_no_live_worker_serves():
+    make_job("waiting", queue="video")
+    out, err = durq("stats")
+    assert "video" in out
+    assert err.splitlines() == [
+        "Warning: 1 due job in queue 'video', which no live worker serves: it waits until a worker runs that queue."
+    ]
+    make_job("waiting", queue="video")
+    assert "2 due jobs in queue 'video'" in durq("stats", "--json")[1] and "they wait" in durq("stats")[1]
+
+
 def test_failed_lists_dead_letters():
     old = make_job("dead", finished_ms=NOW - DAY, errors=json.dumps([{"type": "KeyError", "message": "'sku'\nmore"}]))
     new = make_job("dead", queue="fast", finished_ms=NOW)

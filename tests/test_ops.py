@@ -307,19 +307,40 @@ def test_throughput_buckets_cover_the_last_hour():
 
 def test_health():
     report = ops.health(now_ms=NOW)
-    assert report["healthy"] is False and report["problems"] == ["0 live worker(s), fewer than 1"]
-    WorkerProcess.objects.create(worker_id="a", host="a", pid=1, queues="{}", started_ms=NOW, last_seen_ms=NOW)
+    assert report["healthy"] is False and report["problems"] == ["0 live workers, fewer than 1"]
+    WorkerProcess.objects.create(worker_id="a", host="a", pid=1, queues='{"default": 1}', started_ms=NOW, last_seen_ms=NOW)
     assert ops.health(now_ms=NOW) == {
         "healthy": True,
         "database": "ok",
         "workers": 1,
         "oldest_wait_seconds": None,
+        "unserved_queues": {},
         "problems": [],
     }
     make_job("waiting", run_at_ms=NOW - 400_000)
     report = ops.health(now_ms=NOW, max_wait_ms=300_000)
     assert report["healthy"] is False and report["oldest_wait_seconds"] == 400
     assert ops.health(now_ms=NOW, max_wait_ms=500_000)["healthy"] is True
+
+
+def test_due_jobs_in_a_queue_no_live_worker_serves_are_reported():
+    serving = {"host": "a", "pid": 1, "started_ms": NOW - DAY}
+    WorkerProcess.objects.create(worker_id="a:1:x", queues='{"default": 2}', last_seen_ms=NOW, **serving)
+    WorkerProcess.objects.create(worker_id="b:1:x", queues='{"video": 1}', last_seen_ms=NOW - DAY, **serving)
+    make_job("waiting", queue="default")
+    make_job("waiting", queue="video")
+    make_job("waiting", queue="video")
+    make_job("waiting", queue="vidoe", run_at_ms=NOW - 1)
+    make_job("waiting", queue="later", run_at_ms=NOW + 60_000)
+    make_job("dead", queue="reports")
+    assert ops.unserved(now_ms=NOW) == {"video": 2, "vidoe": 1}, "the worker serving video is no longer live"
+    assert ops.unserved(now_ms=NOW, count_cap=1) == {"video": 2, "vidoe": 1}, "a count stops at cap + 1"
+    report = ops.health(now_ms=NOW, max_wait_ms=DAY)
+    assert report["healthy"] is False and report["unserved_queues"] == {"video": 2, "vidoe": 1}
+    assert report["problems"] == [
+        "2 due jobs in queue 'video', which no live worker serves",
+        "1 due job in queue 'vidoe', which no live worker serves",
+    ]
 
 
 def test_failed_lists_dead_letters_newest_first():

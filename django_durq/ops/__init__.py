@@ -10,7 +10,7 @@ are all here.
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
 from .formatting import format_age, local_time
 from .reading import LIVE_HEARTBEATS, failed, live_workers, queue_names, worker_queues
-from .stats import Bucket, QueueStats, health, stats, throughput
+from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
 
 __all__ = [
     "LIVE_HEARTBEATS",
@@ -21,6 +21,7 @@ __all__ = [
     "RetryResult",
     "Selection",
     "cancel",
+    "due_jobs",
     "failed",
     "format_age",
     "health",
@@ -32,5 +33,6 @@ __all__ = [
     "retry_failed",
     "stats",
     "throughput",
+    "unserved",
     "worker_queues",
 ]

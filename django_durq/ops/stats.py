@@ -7,10 +7,12 @@ from typing import Any
 
 from django.db import DatabaseError
 from django.db.models import Min, Sum
+from django.utils.translation import ngettext
 
 from ..models import JobQuerySet, QueueStat
 from .reading import alias_of, jobs_on, live_workers, now_or, queue_names, worker_queues
 
+COUNT_CAP = 10_000  # a count shown to people (the admin's pages, the health check) stops here
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 
@@ -135,18 +137,44 @@ def health(
     try:
         workers = len(live_workers(now_ms=now, using=alias))
         waits = [_oldest_wait_ms(jobs_on(alias).in_queue(queue), now) for queue in queue_names(alias)]
+        stranded = unserved(now_ms=now, count_cap=COUNT_CAP, using=alias)
     except DatabaseError as error:
         return {"healthy": False, "database": f"unreachable: {type(error).__name__}", "problems": ["database unreachable"]}
     oldest = max((wait for wait in waits if wait is not None), default=None)
     problems = []
     if workers < min_workers:
-        problems.append(f"{workers} live worker(s), fewer than {min_workers}")
+        problems.append(
+            ngettext("%(count)d live worker, fewer than %(min)d", "%(count)d live workers, fewer than %(min)d", workers)
+            % {"count": workers, "min": min_workers}
+        )
     if oldest is not None and oldest > max_wait_ms:
         problems.append(f"a job has waited {oldest / 1000:.0f} s, over {max_wait_ms / 1000:.0f} s")
+    problems.extend(f"{due_jobs(count)} in queue {queue!r}, which no live worker serves" for queue, count in stranded.items())
     return {
         "healthy": not problems,
         "database": "ok",
         "workers": workers,
         "oldest_wait_seconds": None if oldest is None else oldest / 1000,
+        "unserved_queues": stranded,
         "problems": problems,
     }
+
+
+def unserved(*, now_ms: int | None = None, count_cap: int | None = None, using: str | None = None) -> dict[str, int]:
+    """Queues holding due jobs that no live worker serves, by name, with how many are due.
+
+    Those jobs wait until a worker runs their queue: a queue missing from a worker's
+    configuration, or a misspelt name, shows up here. A count stops at ``count_cap + 1``.
+    """
+    now = now_or(now_ms)
+    alias = alias_of(using)
+    served = {queue for worker in live_workers(now_ms=now, using=alias) for queue in worker_queues(worker)}
+    counts = {
+        queue: _count(jobs_on(alias).in_queue(queue).due(now), count_cap) for queue in queue_names(alias) if queue not in served
+    }
+    return {queue: count for queue, count in counts.items() if count}
+
+
+def due_jobs(count: int) -> str:
+    """``1 due job``, ``2 due jobs``."""
+    return ngettext("%(count)d due job", "%(count)d due jobs", count) % {"count": count}

@@ -13,6 +13,7 @@ import re
 from typing import Any, NoReturn
 
 from django.core.management import BaseCommand, CommandError, CommandParser
+from django.utils.translation import ngettext
 
 from ... import ops
 from ...clock import ms_to_datetime, now_ms
@@ -103,10 +104,23 @@ class Command(BaseCommand):
         self.stdout.write(format_schedules(now_ms()))
 
     def do_stats(self, options: dict[str, Any]) -> None:
-        rows = ops.stats(now_ms=now_ms())
+        now = now_ms()
+        rows = ops.stats(now_ms=now)
         if options["json"]:
             self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
-            return
+        else:
+            self._stats_table(rows)
+        # On stderr, so that the table and the JSON stay as they are for whatever reads them.
+        for queue, count in ops.unserved(now_ms=now).items():
+            waits = ngettext("it waits", "they wait", count)
+            self.stderr.write(
+                self.style.WARNING(
+                    f"Warning: {ops.due_jobs(count)} in queue {queue!r}, which no live worker serves: "
+                    f"{waits} until a worker runs that queue."
+                )
+            )
+
+    def _stats_table(self, rows: list[ops.QueueStats]) -> None:
         table = [["QUEUE", "WAITING", "DELAYED", "RUNNING", "DEAD", "OLDEST WAIT", "DONE 1m/1h", "FAILED 1m/1h", "WORKERS"]]
         for row in rows:
             table.append(
