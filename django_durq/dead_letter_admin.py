@@ -10,9 +10,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.text import Truncator
 
 from . import ops
 from .admin_messages import report_purge
+from .admin_pages import breadcrumbs, changelist_crumb
 from .job_admin import CappedCountPaginator, JobAdmin, NameFilter, QueueFilter
 from .models import DeadLetter, Job, JobQuerySet
 from .ops import local_time as when
@@ -46,6 +48,7 @@ class DeadLetterAdmin(JobAdmin):
             **self.admin_site.each_context(request),
             "title": "Purge dead letters?",
             "opts": self.opts,
+            **breadcrumbs(self.opts, changelist_crumb(DeadLetter), (None, "Purge")),
             "count": paginator.count,
             "capped": paginator.capped,
             "cap": paginator.cap,
@@ -81,6 +84,12 @@ class DeadLetterAdmin(JobAdmin):
             **self.admin_site.each_context(request),
             "title": "Purge this dead letter?",
             "opts": self.opts,
+            **breadcrumbs(
+                self.opts,
+                changelist_crumb(DeadLetter),
+                (reverse("admin:django_durq_deadletter_change", args=[job.pk]), Truncator(str(job)).words(18)),
+                (None, "Purge"),
+            ),
             "job": job,
             "count": 1,
             "sample": [job],

@@ -14,6 +14,7 @@ from django.utils.dateformat import format as date_format
 from django.utils.translation import ngettext
 
 from . import ops
+from .admin_pages import breadcrumbs
 from .clock import ms_to_datetime, now_ms
 from .models import Queue
 from .ops import format_age as age
@@ -55,6 +56,7 @@ class QueueAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.opts,
+            **breadcrumbs(self.opts, (None, "Queues")),
             "rows": [
                 {
                     "stats": row,

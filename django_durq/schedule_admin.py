@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import ngettext
 
 from . import schedules
 from .admin_input import GuardedAdmin
@@ -58,6 +59,7 @@ class ScheduleAdmin(GuardedAdmin):
             else:
                 ran.append(f"{schedule.name} (job {job.pk})")
         if ran:
-            self.message_user(request, f"Queued {len(ran)} run(s): {', '.join(ran)}.", messages.SUCCESS)
+            queued = ngettext("Queued %(count)d run", "Queued %(count)d runs", len(ran)) % {"count": len(ran)}
+            self.message_user(request, f"{queued}: {', '.join(ran)}.", messages.SUCCESS)
         for reason in refused:
             self.message_user(request, reason, messages.ERROR)

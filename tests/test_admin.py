@@ -310,6 +310,45 @@ def test_chart_geometry_and_age():
     ]
 
 
+# --- looking like the admin's own pages -------------------------------------------------------
+
+
+def crumbs(page: str) -> str:
+    """The breadcrumbs markup of an admin page, whitespace between tags dropped."""
+    found = re.search(r'<nav aria-label="Breadcrumbs">(.*?)</nav>', page, re.S)
+    assert found, "the page has the admin's breadcrumbs"
+    return re.sub(r">\s+<", "><", re.sub(r"\s+", " ", found.group(1))).strip()
+
+
+def test_breadcrumbs_render_like_the_admins_own(superuser):
+    job = dead_letter()
+    user = User.objects.get(username="root")
+    stock_list = crumbs(superuser.get(JOBS).content.decode())
+    assert crumbs(superuser.get(QUEUES).content.decode()) == stock_list.replace("Jobs", "Queues")
+    stock_history = crumbs(superuser.get(f"{DEAD}{job.pk}/history/").content.decode())
+    assert crumbs(superuser.get(f"{DEAD}{job.pk}/purge/").content.decode()) == stock_history.replace("History", "Purge")
+    stock_delete = crumbs(action(superuser, "/admin/auth/user/", "delete_selected", [user.pk]).content.decode())
+    ours = crumbs(action(superuser, DEAD, "purge_selected", [job.pk]).content.decode())
+    app = str(Job._meta.app_config.verbose_name)
+    for stock, own in [
+        ("/admin/auth/user/", DEAD),
+        ("/admin/auth/", "/admin/django_durq/"),
+        ("Users", "Dead letters"),
+        ("Authentication and Authorization", app),
+        ("Delete multiple objects", "Purge"),
+    ]:
+        stock_delete = stock_delete.replace(stock, own)
+    assert ours == stock_delete
+
+
+def test_messages_count_in_words(superuser):
+    jobs = [dead_letter() for _ in range(2)]
+    assert messages_of(action(superuser, DEAD, "retry_selected", [job.pk for job in jobs])) == ["Retried 2 jobs: due now."]
+    finished = [make_job("finished") for _ in range(2)]
+    retried = action(superuser, JOBS, "retry_selected", [job.pk for job in finished])
+    assert [message.split(":")[0] for message in messages_of(retried)] == ["2 jobs were not retried"]
+
+
 # --- monitoring views ---------------------------------------------------------------------------
 
 
