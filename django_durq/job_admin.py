@@ -220,7 +220,11 @@ class JobAdmin(GuardedAdmin):
             return "-"
         entry = history[-1]
         prefix = f"{entry['type']}: " if entry.get("type") else ""
-        return Truncator(prefix + str(entry.get("message", ""))).chars(120)
+        full = prefix + str(entry.get("message", ""))
+        # The cell shows the start, clamped to a few lines by durq.css; the title holds the rest.
+        return format_html(
+            '<span class="durq-last-error" title="{}">{}</span>', Truncator(full).chars(2000), Truncator(full).chars(120)
+        )
 
     @admin.display(description="stop requested")
     def stop(self, job: Job) -> str:
