@@ -74,7 +74,7 @@ def test_retry_by_id_and_all_failed():
     assert out == f"Retried 1 job ({first.pk}): due now.\n"
     assert Job.objects.get(pk=first.pk).status == "waiting"
     error = refused("retry", str(second.pk), str(running.pk))
-    assert error.returncode == 1 and str(error) == "1 job(s) not retried"
+    assert error.returncode == 1 and str(error) == "1 job not retried"
     assert Job.objects.get(pk=second.pk).status == "waiting"
     third = make_job("dead", queue="slow")
     fourth = make_job("dead", queue="fast")
@@ -89,11 +89,22 @@ def test_retry_reports_what_it_left_alone():
     err = StringIO()
     with pytest.raises(CommandError) as info:
         call_command("durq", "retry", str(running.pk), "424242", stdout=out, stderr=err)
-    assert info.value.returncode == 1
+    assert info.value.returncode == 1 and str(info.value) == "2 jobs not retried"
     assert err.getvalue().splitlines() == [
         f"Job {running.pk} not retried: is running, so it is not retried.",
         "Job 424242 not retried: no such job.",
     ]
+
+
+def test_messages_count_in_words():
+    dead = [make_job("dead") for _ in range(2)]
+    ids = [str(job.pk) for job in dead]
+    assert durq("retry", *ids)[0] == f"Retried 2 jobs ({', '.join(ids)}): due now.\n"
+    waiting = [make_job("waiting") for _ in range(2)]
+    assert durq("cancel", str(waiting[0].pk))[0] == f"Cancelled 1 waiting job ({waiting[0].pk}).\n"
+    with pytest.raises(CommandError) as info:
+        durq("cancel", str(waiting[0].pk), str(waiting[1].pk), "424242")
+    assert str(info.value) == "2 jobs not cancelled", "one already cancelled, one unknown"
 
 
 def test_purge_older_than_is_inclusive_and_has_a_dry_run():

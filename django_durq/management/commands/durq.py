@@ -188,7 +188,8 @@ class Command(BaseCommand):
         result = ops.retry_failed(queue=options["queue"], now_ms=now) if every else ops.retry(ids, now_ms=now)
         count = len(result.retried)
         if count:
-            self.stdout.write(f"Retried {count} job{'s' if count != 1 else ''}{_list(result.retried)}: due now.")
+            retried = ngettext("Retried %(count)d job", "Retried %(count)d jobs", count) % {"count": count}
+            self.stdout.write(f"{retried}{_list(result.retried)}: due now.")
         elif not result.skipped:
             self.stdout.write("No dead letters to retry.")
         self._skipped("retried", result.skipped)
@@ -199,16 +200,19 @@ class Command(BaseCommand):
         count = ops.purge(older_than_ms=options["older_than"], queue=options["queue"], now_ms=now, dry_run=options["dry_run"])
         where = f" in queue {options['queue']!r}" if options["queue"] else ""
         verb = "Would purge" if options["dry_run"] else "Purged"
-        self.stdout.write(f"{verb} {count} dead letter{'s' if count != 1 else ''}{where} that died at or before {bound}.")
+        letters = ngettext("%(count)d dead letter", "%(count)d dead letters", count) % {"count": count}
+        self.stdout.write(f"{verb} {letters}{where} that died at or before {bound}.")
 
     def do_cancel(self, options: dict[str, Any]) -> None:
         result = ops.cancel(options["ids"], now_ms=now_ms())
         waiting, running = len(result.cancelled), len(result.stopping)
         if waiting:
-            self.stdout.write(f"Cancelled {waiting} waiting job{'s' if waiting != 1 else ''}{_list(result.cancelled)}.")
+            cancelled = ngettext("Cancelled %(count)d waiting job", "Cancelled %(count)d waiting jobs", waiting)
+            self.stdout.write(f"{cancelled % {'count': waiting}}{_list(result.cancelled)}.")
         if running:
+            asked = ngettext("Asked %(count)d running job", "Asked %(count)d running jobs", running) % {"count": running}
             self.stdout.write(
-                f"Asked {running} running job{'s' if running != 1 else ''}{_list(result.stopping)} to stop: "
+                f"{asked}{_list(result.stopping)} to stop: "
                 "each is cancelled when its handler returns (ctx.should_stop() is now true)."
             )
         self._skipped("cancelled", result.skipped)
@@ -220,7 +224,9 @@ class Command(BaseCommand):
             return
         for job_id_, reason in skipped.items():
             self.stderr.write(f"Job {job_id_} not {verb}: {reason}.")
-        raise CommandError(f"{len(skipped)} job(s) not {verb}", returncode=NOT_ALL_DONE)
+        count = len(skipped)
+        left = ngettext("%(count)d job not %(verb)s", "%(count)d jobs not %(verb)s", count) % {"count": count, "verb": verb}
+        raise CommandError(left, returncode=NOT_ALL_DONE)
 
     def _table(self, rows: list[list[str]]) -> None:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
