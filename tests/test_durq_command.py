@@ -153,6 +153,31 @@ def test_bad_input_is_refused_with_status_2(args, message):
     assert error.returncode == 2 and message in str(error)
 
 
+MALFORMED = ["²", "١٢٣", "-1", "0", "1e5", "1.5", "9" * 30, "", " ", "\x00", "1\x00", "' OR 1=1 --", "日本"]
+
+
+def test_malformed_values_are_refused_with_status_2_never_a_traceback():
+    for value in MALFORMED:
+        for args in (
+            ["retry", value],
+            ["cancel", value],
+            ["failed", "--limit", value],
+            ["failed", "--queue", value],
+            ["retry", "--all-failed", "--queue", value],
+            ["purge", "--older-than", value],
+            ["purge", "--older-than", "1d", "--queue", value],
+        ):
+            if args[-1] == value and args[-2] == "--queue" and value.strip("\x00") and "\x00" not in value:
+                continue  # any other text is a queue name
+            with pytest.raises(CommandError) as info:
+                durq(*args)
+            assert info.value.returncode == 2, (args, str(info.value))
+    for duration in ("²d", "١٢d", "1\x00d", "-1d", "1e5s", "d", "99999999999999999999999999999999w"):
+        with pytest.raises(CommandError) as info:
+            durq("purge", "--older-than", duration)
+        assert info.value.returncode == 2, duration
+
+
 @pytest.mark.django_db(transaction=True)
 def test_bad_input_from_the_shell_is_one_line_and_exit_2(worker_env):
     for args, message in ((["purge", "--older-than", "soon"], "'soon' is not a duration"), (["retry"], "give job ids")):

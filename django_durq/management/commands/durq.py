@@ -21,8 +21,11 @@ from ...clock import ms_to_datetime, now_ms
 USAGE_ERROR = 2
 NOT_ALL_DONE = 1
 
+MAX_DURATION_MS = 100 * 365 * 86_400_000  # past this, "now minus the duration" is no time a job has
 _UNITS_MS = {"s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$")
+# ASCII digits only: str.isdigit() and \d also take "²" and "١٢٣", which int() then refuses or misreads.
+_DIGITS = re.compile(r"[0-9]+")
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(s|m|min|h|d|w)$")
 
 
 class OneLineParser(CommandParser):
@@ -35,13 +38,13 @@ class OneLineParser(CommandParser):
 
 
 def job_id(text: str) -> int:
-    if not text.isdigit() or int(text) < 1 or len(text) > 18:
+    if not _DIGITS.fullmatch(text) or int(text) < 1 or len(text) > 18:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a positive whole number)")
     return int(text)
 
 
 def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not _DIGITS.fullmatch(text) or len(text) > 18 or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return int(text)
 
@@ -51,12 +54,15 @@ def duration_ms(text: str) -> int:
     match = _DURATION.match(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 12h, 7d, 2w")
-    return round(float(match.group(1)) * _UNITS_MS[match.group(2)])
+    ms = round(float(match.group(1)) * _UNITS_MS[match.group(2)])
+    if ms > MAX_DURATION_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than 100 years")
+    return ms
 
 
 def queue_name(text: str) -> str:
-    if not text or ":" in text or len(text) > 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name (1 to 100 characters, no ':')")
+    if not text or ":" in text or "\x00" in text or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name (1 to 100 characters, no ':' or NUL)")
     return text
 
 
