@@ -13,9 +13,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils.text import Truncator
 
 from . import ops
+from .admin_lists import CappedCountPaginator, NameFilter, QueueFilter
 from .admin_messages import report_purge
 from .admin_pages import breadcrumbs, changelist_crumb
-from .job_admin import CappedCountPaginator, JobAdmin, NameFilter, QueueFilter
+from .job_admin import JobAdmin
 from .models import DeadLetter, Job, JobQuerySet
 from .ops import local_time as when
 

@@ -1,8 +1,7 @@
 """The admin's Jobs page: every job, filtered and searched by index, and a read-only detail page.
 
-Built for tables of millions of rows: a page never runs a full ``COUNT(*)`` (the count stops at
-``COUNT_CAP``), filter choices come from the settings, the registry and index seeks (never a
-DISTINCT), and facet counts are off. A job is never edited through a form: its detail page is
+Built for tables of millions of rows: the count stops at a cap and filter choices need no DISTINCT
+(:mod:`django_durq.admin_lists`), and facet counts are off. A job is never edited through a form: its detail page is
 read-only, and retry and cancel are buttons and actions that need the change permission. Thin:
 every action calls :mod:`django_durq.ops`.
 """
@@ -15,38 +14,20 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from . import ops
 from .admin_input import GuardedAdmin, parse_job_id
+from .admin_lists import CappedCountPaginator, NameFilter, QueueFilter
 from .admin_messages import report_cancel, report_retry
 from .conf import get_settings
 from .models import Job, Status
 from .ops import format_age as age
 from .ops import local_time as when
-from .ops.stats import COUNT_CAP
-from .registry import registry
-
-
-class CappedCountPaginator(Paginator):
-    """Counts at most ``cap + 1`` rows: bounded cost on any table, exact below the cap."""
-
-    cap = COUNT_CAP
-
-    @cached_property
-    def count(self) -> int:
-        rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
-        return int(rows.order_by()[: self.cap + 1].count())
-
-    @property
-    def capped(self) -> bool:
-        return self.count > self.cap
 
 
 def pretty_json(text: str | None) -> str:
@@ -64,33 +45,6 @@ def error_history(job: Job) -> list[dict[str, Any]]:
     except ValueError:
         return [{"message": "(the stored error history is not valid JSON)", "traceback": job.errors}]
     return [{**entry, "when": when(entry.get("at_ms"))} for entry in entries if isinstance(entry, dict)]
-
-
-class QueueFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in ops.queue_names()]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
-
-
-class NameFilter(admin.SimpleListFilter):
-    """Choices from the registry (a DISTINCT over the table would read every row)."""
-
-    title = "job name"
-    parameter_name = "name"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = {definition.name for definition in registry.all()}
-        if self.value():
-            names.add(str(self.value()))  # a name no longer registered, reached by a link
-        return [(name, name) for name in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(name=self.value()) if self.value() else queryset
 
 
 @admin.register(Job)

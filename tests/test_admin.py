@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 
 from django_durq import queue_admin
+from django_durq.admin_lists import CappedCountPaginator
 from django_durq.clock import now_ms
-from django_durq.job_admin import CappedCountPaginator
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
 from django_durq.ops import format_age as age
@@ -369,7 +369,9 @@ def test_health_and_metrics_with_a_token():
         WorkerProcess.objects.create(worker_id="w", host="h", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now)
         assert Client().get("/durq/health/", **bearer).status_code == 200
         make_job("waiting", run_at_ms=now - 120_000, queue='we"ird')
-        assert Client().get("/durq/health/", **bearer).status_code == 503
+        stranded = Client().get("/durq/health/", **bearer)
+        assert stranded.status_code == 503 and stranded.json()["unserved_queues"] == {'we"ird': 1}
+        assert "1 due job in queue 'we\"ird', which no live worker serves" in stranded.json()["problems"]
         metrics = Client().get("/durq/metrics/", **bearer)
     assert metrics["Content-Type"].startswith("text/plain; version=0.0.4")
     text = metrics.content.decode()
