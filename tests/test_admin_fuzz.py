@@ -7,15 +7,15 @@ from urllib.parse import quote
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
-from django.test import Client
-from django.urls import path
+from django.test import Client, override_settings
+from django.urls import include, path
 
 from tests.test_admin import dead_letter
 from tests.test_ops import make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_admin_fuzz")]
 
-urlpatterns = [path("admin/", admin.site.urls)]
+urlpatterns = [path("admin/", admin.site.urls), path("durq/", include("django_durq.urls"))]
 
 BASE = "/admin/django_durq/"
 CHANGELISTS = [f"{BASE}job/", f"{BASE}deadletter/", f"{BASE}schedule/", f"{BASE}queue/"]
@@ -114,4 +114,18 @@ def test_actions_answer_malformed_selections(superuser, check):
                 for extra in ({}, {"post": "yes"}, {"select_across": value}):
                     data = {"action": name, "_selected_action": [value], "index": value or "0", **extra}
                     check(superuser.post(url, data), f"POST {url} {name} with {value!r} {extra}")
+    check.assert_all_sensible()
+
+
+def test_monitoring_views_answer_malformed_requests(settings, check):
+    token = "s3cret-s3cret-s3cret"
+    with override_settings(DURQ={**settings.DURQ, "MONITORING": {"TOKEN": token}}):
+        client = Client(raise_request_exception=False)
+        for url in ("/durq/health/", "/durq/metrics/"):
+            for value in MALFORMED:
+                for header in (f"Bearer {value}", value, f"Bearer {token}{value}"):
+                    response = client.get(url, {"q": value}, HTTP_AUTHORIZATION=header)
+                    if response.status_code not in (403, 503):
+                        check(response, f"GET {url} with Authorization {header!r}")
+                assert client.post(url, {"q": value}, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 405
     check.assert_all_sensible()
