@@ -378,3 +378,20 @@ def test_a_long_last_error_stays_readable_at_1280_pixels(site):
     title = site.find("#result_list td.field-last_error [title]")[0].get_attribute("title")
     assert title == f"ValueError: {message}", "the whole message is one hover away"
     assert Job.objects.get(pk=job.pk).status == "dead"
+
+
+def test_a_queue_no_live_worker_serves_is_flagged_at_the_top_of_the_queues_page(site):
+    user("operator", superuser=True)
+    now = now_ms()
+    WorkerProcess.objects.create(
+        worker_id="web-1:1:a", host="web-1", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now
+    )
+    base = {"name": "video.encode", "arguments": json.dumps({"args": [], "kwargs": {}}), "created_ms": now, "lease_ms": 60_000}
+    Job.objects.bulk_create([Job(queue="video", run_at_ms=now - 5_000, **base) for _ in range(3)])
+    site.login("operator")
+    site.open("/admin/django_durq/queue/")
+    warning = site.wait_for("#durq-unserved li.warning")
+    assert warning.is_displayed() and warning.location["y"] < site.find("#durq-queues")[0].location["y"]
+    assert (
+        warning.text == "3 jobs are due in queue “video”, and no live worker serves it: they wait until a worker runs that queue."
+    )
