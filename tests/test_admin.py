@@ -347,6 +347,9 @@ def test_messages_count_in_words(superuser):
     finished = [make_job("finished") for _ in range(2)]
     retried = action(superuser, JOBS, "retry_selected", [job.pk for job in finished])
     assert [message.split(":")[0] for message in messages_of(retried)] == ["2 jobs were not retried"]
+    doomed = [dead_letter().pk, dead_letter().pk]
+    assert "2 dead letters will be deleted for good" in text(action(superuser, DEAD, "purge_selected", doomed))
+    assert messages_of(action(superuser, DEAD, "purge_selected", doomed, post="yes")) == ["Purged 2 dead letters."]
 
 
 # --- monitoring views ---------------------------------------------------------------------------
