@@ -11,13 +11,15 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
+from django.utils.translation import ngettext
 
 from . import ops
-from .admin import COUNT_CAP
+from .admin_pages import breadcrumbs
 from .clock import ms_to_datetime, now_ms
 from .models import Queue
 from .ops import format_age as age
 from .ops import local_time as when
+from .ops.stats import COUNT_CAP
 
 
 @admin.register(Queue)
@@ -54,6 +56,7 @@ class QueueAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": "Queues",
             "opts": self.opts,
+            **breadcrumbs(self.opts, (None, "Queues")),
             "rows": [
                 {
                     "stats": row,
@@ -63,10 +66,23 @@ class QueueAdmin(admin.ModelAdmin):
                 for row in rows
             ],
             "workers": workers,
+            "unserved": [
+                unserved_warning(queue, count) for queue, count in ops.unserved(now_ms=now, count_cap=COUNT_CAP).items()
+            ],
             "chart": throughput_chart(ops.throughput(now_ms=now)),
             "now": when(now),
         }
         return TemplateResponse(request, "admin/django_durq/queue/dashboard.html", context)
+
+
+def unserved_warning(queue: str, count: int) -> str:
+    """What the page says of a queue whose due jobs no live worker serves."""
+    shown = _capped(count)
+    return ngettext(
+        "%(count)s job is due in queue “%(queue)s”, and no live worker serves it: it waits until a worker runs that queue.",
+        "%(count)s jobs are due in queue “%(queue)s”, and no live worker serves it: they wait until a worker runs that queue.",
+        count,
+    ) % {"count": shown, "queue": queue}
 
 
 def _capped(count: int) -> str:

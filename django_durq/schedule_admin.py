@@ -5,15 +5,17 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import ngettext
 
 from . import schedules
+from .admin_input import GuardedAdmin
 from .clock import now_ms
 from .models import Schedule
 from .ops import local_time
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(GuardedAdmin):
     list_display = ("name", "cron", "timezone", "job", "last_run", "next_run", "last_job_id")
     search_fields = ("name",)
     ordering = ("name",)
@@ -57,6 +59,7 @@ class ScheduleAdmin(admin.ModelAdmin):
             else:
                 ran.append(f"{schedule.name} (job {job.pk})")
         if ran:
-            self.message_user(request, f"Queued {len(ran)} run(s): {', '.join(ran)}.", messages.SUCCESS)
+            queued = ngettext("Queued %(count)d run", "Queued %(count)d runs", len(ran)) % {"count": len(ran)}
+            self.message_user(request, f"{queued}: {', '.join(ran)}.", messages.SUCCESS)
         for reason in refused:
             self.message_user(request, reason, messages.ERROR)

@@ -41,7 +41,8 @@ def _authorize(request: HttpRequest) -> None:
 @never_cache
 @require_GET
 def health(request: HttpRequest) -> HttpResponse:
-    """200 when the database answers, enough workers are live and no due job waited too long; else 503."""
+    """200 when the database answers, enough workers are live, no due job waited too long and every
+    queue holding due jobs has a live worker (``unserved_queues`` names those that have none); else 503."""
     _authorize(request)
     options = get_settings().monitoring
     report = ops.health(now_ms=now_ms(), max_wait_ms=options.max_wait_ms, min_workers=options.min_workers)

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 
 from django_durq import queue_admin
-from django_durq.admin import CappedCountPaginator
+from django_durq.admin_lists import CappedCountPaginator
 from django_durq.clock import now_ms
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
@@ -272,6 +272,19 @@ def test_queues_page_counts_workers_and_chart(superuser):
     assert "<script" not in page.split('<div id="content-main">')[1], "the page needs no script"
 
 
+def test_queues_page_warns_of_due_jobs_no_live_worker_serves(superuser):
+    now = now_ms()
+    WorkerProcess.objects.create(worker_id="w", host="h", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now)
+    make_job("waiting", queue="default", run_at_ms=now - 1_000)
+    assert 'id="durq-unserved"' not in superuser.get(QUEUES).content.decode()
+    make_job("waiting", queue="video", run_at_ms=now - 1_000)
+    make_job("waiting", queue="video", run_at_ms=now - 1_000)
+    page = text(superuser.get(QUEUES))
+    assert 'id="durq-unserved"' in page
+    assert "2 jobs are due in queue “video”, and no live worker serves it: they wait until a worker runs that queue." in page
+    assert "queue “default”" not in page
+
+
 def test_queues_page_counts_stop_at_the_cap(superuser, monkeypatch):
     monkeypatch.setattr(queue_admin, "COUNT_CAP", 2)
     for _ in range(3):
@@ -297,6 +310,48 @@ def test_chart_geometry_and_age():
     ]
 
 
+# --- looking like the admin's own pages -------------------------------------------------------
+
+
+def crumbs(page: str) -> str:
+    """The breadcrumbs markup of an admin page, whitespace between tags dropped."""
+    found = re.search(r'<nav aria-label="Breadcrumbs">(.*?)</nav>', page, re.S)
+    assert found, "the page has the admin's breadcrumbs"
+    return re.sub(r">\s+<", "><", re.sub(r"\s+", " ", found.group(1))).strip()
+
+
+def test_breadcrumbs_render_like_the_admins_own(superuser):
+    job = dead_letter()
+    user = User.objects.get(username="root")
+    stock_list = crumbs(superuser.get(JOBS).content.decode())
+    assert crumbs(superuser.get(QUEUES).content.decode()) == stock_list.replace("Jobs", "Queues")
+    stock_history = crumbs(superuser.get(f"{DEAD}{job.pk}/history/").content.decode())
+    assert crumbs(superuser.get(f"{DEAD}{job.pk}/purge/").content.decode()) == stock_history.replace("History", "Purge")
+    stock_delete = crumbs(action(superuser, "/admin/auth/user/", "delete_selected", [user.pk]).content.decode())
+    ours = crumbs(action(superuser, DEAD, "purge_selected", [job.pk]).content.decode())
+    app = str(Job._meta.app_config.verbose_name)
+    for stock, own in [
+        ("/admin/auth/user/", DEAD),
+        ("/admin/auth/", "/admin/django_durq/"),
+        ("Users", "Dead letters"),
+        ("Authentication and Authorization", app),
+        ("Delete multiple objects", "Purge"),
+    ]:
+        stock_delete = stock_delete.replace(stock, own)
+    assert ours == stock_delete
+
+
+def test_messages_count_in_words(superuser):
+    jobs = [dead_letter() for _ in range(2)]
+    assert messages_of(action(superuser, DEAD, "retry_selected", [job.pk for job in jobs])) == ["Retried 2 jobs: due now."]
+    finished = [make_job("finished") for _ in range(2)]
+    retried = action(superuser, JOBS, "retry_selected", [job.pk for job in finished])
+    assert [message.split(":")[0] for message in messages_of(retried)] == ["2 jobs were not retried"]
+    doomed = [dead_letter().pk, dead_letter().pk]
+    assert "2 dead letters will be deleted for good" in text(action(superuser, DEAD, "purge_selected", doomed))
+    assert messages_of(action(superuser, DEAD, "purge_selected", doomed, post="yes")) == ["Purged 2 dead letters."]
+
+
 # --- monitoring views ---------------------------------------------------------------------------
 
 
@@ -313,11 +368,13 @@ def test_health_and_metrics_with_a_token():
     with override_settings(DURQ={**settings.DURQ, "MONITORING": {"TOKEN": "s3cret-s3cret-s3cret", "MAX_WAIT": 60}}):
         assert Client().get("/durq/health/", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
         unhealthy = Client().get("/durq/health/", **bearer)
-        assert unhealthy.status_code == 503 and unhealthy.json()["problems"] == ["0 live worker(s), fewer than 1"]
+        assert unhealthy.status_code == 503 and unhealthy.json()["problems"] == ["0 live workers, fewer than 1"]
         WorkerProcess.objects.create(worker_id="w", host="h", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now)
         assert Client().get("/durq/health/", **bearer).status_code == 200
         make_job("waiting", run_at_ms=now - 120_000, queue='we"ird')
-        assert Client().get("/durq/health/", **bearer).status_code == 503
+        stranded = Client().get("/durq/health/", **bearer)
+        assert stranded.status_code == 503 and stranded.json()["unserved_queues"] == {'we"ird': 1}
+        assert "1 due job in queue 'we\"ird', which no live worker serves" in stranded.json()["problems"]
         metrics = Client().get("/durq/metrics/", **bearer)
     assert metrics["Content-Type"].startswith("text/plain; version=0.0.4")
     text = metrics.content.decode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -306,3 +307,91 @@ def test_without_permission_there_is_nothing_to_act_with(site):
     site.open("/admin/django_durq/queue/")
     assert "403" in site.driver.title or "Forbidden" in site.driver.page_source
     assert Job.objects.get(pk=job.pk).status == "dead"
+
+
+def breadcrumbs_markup(site: Site) -> str:
+    """The breadcrumbs as the browser parsed them, whitespace between tags dropped."""
+    html = site.driver.execute_script("return document.querySelector('nav[aria-label=Breadcrumbs]').innerHTML")
+    return re.sub(r">\s+<", "><", re.sub(r"\s+", " ", html)).strip()
+
+
+def test_breadcrumbs_are_drawn_like_the_admins_own(site):
+    account = user("operator", superuser=True)
+    [job, *_] = dead_letters()
+    site.login("operator")
+    site.open("/admin/django_durq/job/")
+    site.wait_for("#result_list")
+    stock_list = breadcrumbs_markup(site)
+    site.open("/admin/django_durq/queue/")
+    site.wait_for("#durq-queues")
+    assert breadcrumbs_markup(site) == stock_list.replace("Jobs", "Queues")
+
+    site.open(f"/admin/django_durq/deadletter/{job.pk}/history/")
+    site.wait_for("#change-history")
+    stock_history = breadcrumbs_markup(site)
+    site.open(f"/admin/django_durq/deadletter/{job.pk}/purge/")
+    site.wait_for("#durq-purge-question")
+    assert breadcrumbs_markup(site) == stock_history.replace("History", "Purge")
+
+    site.open("/admin/auth/user/")
+    site.run_action("delete_selected", [account.pk])
+    site.wait_for("#content form")
+    stock_delete = breadcrumbs_markup(site)
+    site.open("/admin/django_durq/deadletter/")
+    site.run_action("purge_selected", [job.pk])
+    site.wait_for("#durq-purge-question")
+    for stock, own in [
+        ("/admin/auth/user/", "/admin/django_durq/deadletter/"),
+        ("/admin/auth/", "/admin/django_durq/"),
+        ("Users", "Dead letters"),
+        ("Authentication and Authorization", str(Job._meta.app_config.verbose_name)),
+        ("Delete multiple objects", "Purge"),
+    ]:
+        stock_delete = stock_delete.replace(stock, own)
+    assert breadcrumbs_markup(site) == stock_delete
+    # The admin's own stylesheet lays them out: one line, the same height as on the stock page.
+    crumbs = site.find("nav[aria-label=Breadcrumbs] .breadcrumbs")[0]
+    assert crumbs.size["height"] < 60
+
+
+def test_a_long_last_error_stays_readable_at_1280_pixels(site):
+    user("operator", superuser=True)
+    token = "https://storage.example/" + "a1b2c3d4" * 40
+    message = f"upload to {token} failed: " + "the server answered 503 " * 20
+    clock = ManualClock(now_ms())
+    with use_clock(clock):
+        job = jobs.fail.enqueue(message=message)
+        for _ in range(3):
+            clock.advance(120_000)
+            drain(clock=clock)
+    site.driver.set_window_size(1280, 860)
+    site.login("operator")
+    site.open("/admin/django_durq/deadletter/")
+    site.wait_for("#result_list")
+    cell = site.find("#result_list td.field-last_error")[0]
+    page_width = site.driver.execute_script("return document.documentElement.clientWidth")
+    assert site.driver.execute_script("return document.documentElement.scrollWidth") <= page_width, "no sideways scrolling"
+    assert cell.size["width"] <= 0.5 * page_width, "the column leaves room for the others"
+    assert cell.size["height"] <= 80, "a few lines at most"
+    assert site.driver.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", cell), "nothing spills out"
+    assert cell.text.startswith("ValueError: upload to https://storage.example/")
+    title = site.find("#result_list td.field-last_error [title]")[0].get_attribute("title")
+    assert title == f"ValueError: {message}", "the whole message is one hover away"
+    assert Job.objects.get(pk=job.pk).status == "dead"
+
+
+def test_a_queue_no_live_worker_serves_is_flagged_at_the_top_of_the_queues_page(site):
+    user("operator", superuser=True)
+    now = now_ms()
+    WorkerProcess.objects.create(
+        worker_id="web-1:1:a", host="web-1", pid=1, queues='{"default": 2}', started_ms=now, last_seen_ms=now
+    )
+    base = {"name": "video.encode", "arguments": json.dumps({"args": [], "kwargs": {}}), "created_ms": now, "lease_ms": 60_000}
+    Job.objects.bulk_create([Job(queue="video", run_at_ms=now - 5_000, **base) for _ in range(3)])
+    site.login("operator")
+    site.open("/admin/django_durq/queue/")
+    warning = site.wait_for("#durq-unserved li.warning")
+    assert warning.is_displayed() and warning.location["y"] < site.find("#durq-queues")[0].location["y"]
+    assert (
+        warning.text == "3 jobs are due in queue “video”, and no live worker serves it: they wait until a worker runs that queue."
+    )

@@ -42,6 +42,17 @@ def test_stats_table_and_json():
     assert data["default"]["oldest_wait_ms"] == 90_000 and data["fast"]["dead"] == 1
 
 
+def test_stats_warns_of_due_jobs_no_live_worker_serves():
+    make_job("waiting", queue="video")
+    out, err = durq("stats")
+    assert "video" in out
+    assert err.splitlines() == [
+        "Warning: 1 due job in queue 'video', which no live worker serves: it waits until a worker runs that queue."
+    ]
+    make_job("waiting", queue="video")
+    assert "2 due jobs in queue 'video'" in durq("stats", "--json")[1] and "they wait" in durq("stats")[1]
+
+
 def test_failed_lists_dead_letters():
     old = make_job("dead", finished_ms=NOW - DAY, errors=json.dumps([{"type": "KeyError", "message": "'sku'\nmore"}]))
     new = make_job("dead", queue="fast", finished_ms=NOW)
@@ -63,7 +74,7 @@ def test_retry_by_id_and_all_failed():
     assert out == f"Retried 1 job ({first.pk}): due now.\n"
     assert Job.objects.get(pk=first.pk).status == "waiting"
     error = refused("retry", str(second.pk), str(running.pk))
-    assert error.returncode == 1 and str(error) == "1 job(s) not retried"
+    assert error.returncode == 1 and str(error) == "1 job not retried"
     assert Job.objects.get(pk=second.pk).status == "waiting"
     third = make_job("dead", queue="slow")
     fourth = make_job("dead", queue="fast")
@@ -78,11 +89,22 @@ def test_retry_reports_what_it_left_alone():
     err = StringIO()
     with pytest.raises(CommandError) as info:
         call_command("durq", "retry", str(running.pk), "424242", stdout=out, stderr=err)
-    assert info.value.returncode == 1
+    assert info.value.returncode == 1 and str(info.value) == "2 jobs not retried"
     assert err.getvalue().splitlines() == [
         f"Job {running.pk} not retried: is running, so it is not retried.",
         "Job 424242 not retried: no such job.",
     ]
+
+
+def test_messages_count_in_words():
+    dead = [make_job("dead") for _ in range(2)]
+    ids = [str(job.pk) for job in dead]
+    assert durq("retry", *ids)[0] == f"Retried 2 jobs ({', '.join(ids)}): due now.\n"
+    waiting = [make_job("waiting") for _ in range(2)]
+    assert durq("cancel", str(waiting[0].pk))[0] == f"Cancelled 1 waiting job ({waiting[0].pk}).\n"
+    with pytest.raises(CommandError) as info:
+        durq("cancel", str(waiting[0].pk), str(waiting[1].pk), "424242")
+    assert str(info.value) == "2 jobs not cancelled", "one already cancelled, one unknown"
 
 
 def test_purge_older_than_is_inclusive_and_has_a_dry_run():
@@ -129,6 +151,31 @@ def test_cancel():
 def test_bad_input_is_refused_with_status_2(args, message):
     error = refused(*args)
     assert error.returncode == 2 and message in str(error)
+
+
+MALFORMED = ["²", "١٢٣", "-1", "0", "1e5", "1.5", "9" * 30, "", " ", "\x00", "1\x00", "' OR 1=1 --", "日本"]
+
+
+def test_malformed_values_are_refused_with_status_2_never_a_traceback():
+    for value in MALFORMED:
+        for args in (
+            ["retry", value],
+            ["cancel", value],
+            ["failed", "--limit", value],
+            ["failed", "--queue", value],
+            ["retry", "--all-failed", "--queue", value],
+            ["purge", "--older-than", value],
+            ["purge", "--older-than", "1d", "--queue", value],
+        ):
+            if args[-1] == value and args[-2] == "--queue" and value.strip("\x00") and "\x00" not in value:
+                continue  # any other text is a queue name
+            with pytest.raises(CommandError) as info:
+                durq(*args)
+            assert info.value.returncode == 2, (args, str(info.value))
+    for duration in ("²d", "١٢d", "1\x00d", "-1d", "1e5s", "d", "99999999999999999999999999999999w"):
+        with pytest.raises(CommandError) as info:
+            durq("purge", "--older-than", duration)
+        assert info.value.returncode == 2, duration
 
 
 @pytest.mark.django_db(transaction=True)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
 
 from django_durq import ops
-from django_durq.clock import ManualClock, use_clock
+from django_durq.clock import ManualClock, now_ms, use_clock
 from django_durq.conf import get_settings
 from django_durq.context import JobContext
 from django_durq.models import Job, QueueStat, WorkerProcess
@@ -21,6 +24,7 @@ from tests.ledger.models import Effect
 pytestmark = pytest.mark.django_db
 
 NOW = 1_800_000_000_000
+POLL_S = 120  # a spawned worker's poll interval where a test proves a wake-up
 DAY = 86_400_000
 
 
@@ -153,15 +157,36 @@ def test_retry_failed_walks_a_large_selection_in_batches():
 
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
-def test_retry_wakes_an_idle_worker(spawn_worker):
+@pytest.mark.urls("tests.test_admin")
+def test_a_retry_from_the_admin_or_ops_wakes_an_idle_worker(spawn_worker):
     if db_vendor() == "mysql":
         pytest.skip("MariaDB has no cross-process wake-up; workers find retried jobs at their next poll")
-    dead = make_job("dead", name="tests.effect", arguments=json.dumps({"args": [], "kwargs": {"tag": "woken"}}))
-    worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_POLL": "120"})
+    now = now_ms()
+    stranded = {
+        status: make_job(
+            status,
+            name="tests.effect",
+            arguments=json.dumps({"args": [], "kwargs": {"tag": f"{status}-woken"}}),
+            run_at_ms=now - 60_000,
+            finished_ms=now - 1_000,
+        )
+        for status in ("dead", "cancelled")
+    }
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root"))
+    retries = {
+        "dead": lambda: admin.post(f"/admin/django_durq/deadletter/{stranded['dead'].pk}/retry/").status_code == 302,
+        "cancelled": lambda: ops.retry([stranded["cancelled"].pk]).retried == [stranded["cancelled"].pk],
+    }
+    worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_POLL": str(POLL_S)})
     wait_for(lambda: WorkerProcess.objects.exists(), "the worker to register", worker)
-    ops.retry([dead.pk])
-    # The poll interval is 120 s: finding the job well before that means the retry woke the worker.
-    wait_for(lambda: Effect.objects.filter(tag="woken").exists(), "the retried job to run", worker)
+    time.sleep(1)  # let it finish its first probe and go idle
+    for status, retry in retries.items():
+        started = time.monotonic()
+        assert retry()
+        # The poll interval is 120 s: running well before that means the retry woke the worker.
+        wait_for(lambda status=status: Effect.objects.filter(tag=f"{status}-woken").exists(), f"the {status} job", worker)
+        assert time.monotonic() - started < POLL_S / 4
 
 
 # --- purge --------------------------------------------------------------------------------------
@@ -307,19 +332,40 @@ def test_throughput_buckets_cover_the_last_hour():
 
 def test_health():
     report = ops.health(now_ms=NOW)
-    assert report["healthy"] is False and report["problems"] == ["0 live worker(s), fewer than 1"]
-    WorkerProcess.objects.create(worker_id="a", host="a", pid=1, queues="{}", started_ms=NOW, last_seen_ms=NOW)
+    assert report["healthy"] is False and report["problems"] == ["0 live workers, fewer than 1"]
+    WorkerProcess.objects.create(worker_id="a", host="a", pid=1, queues='{"default": 1}', started_ms=NOW, last_seen_ms=NOW)
     assert ops.health(now_ms=NOW) == {
         "healthy": True,
         "database": "ok",
         "workers": 1,
         "oldest_wait_seconds": None,
+        "unserved_queues": {},
         "problems": [],
     }
     make_job("waiting", run_at_ms=NOW - 400_000)
     report = ops.health(now_ms=NOW, max_wait_ms=300_000)
     assert report["healthy"] is False and report["oldest_wait_seconds"] == 400
     assert ops.health(now_ms=NOW, max_wait_ms=500_000)["healthy"] is True
+
+
+def test_due_jobs_in_a_queue_no_live_worker_serves_are_reported():
+    serving = {"host": "a", "pid": 1, "started_ms": NOW - DAY}
+    WorkerProcess.objects.create(worker_id="a:1:x", queues='{"default": 2}', last_seen_ms=NOW, **serving)
+    WorkerProcess.objects.create(worker_id="b:1:x", queues='{"video": 1}', last_seen_ms=NOW - DAY, **serving)
+    make_job("waiting", queue="default")
+    make_job("waiting", queue="video")
+    make_job("waiting", queue="video")
+    make_job("waiting", queue="vidoe", run_at_ms=NOW - 1)
+    make_job("waiting", queue="later", run_at_ms=NOW + 60_000)
+    make_job("dead", queue="reports")
+    assert ops.unserved(now_ms=NOW) == {"video": 2, "vidoe": 1}, "the worker serving video is no longer live"
+    assert ops.unserved(now_ms=NOW, count_cap=1) == {"video": 2, "vidoe": 1}, "a count stops at cap + 1"
+    report = ops.health(now_ms=NOW, max_wait_ms=DAY)
+    assert report["healthy"] is False and report["unserved_queues"] == {"video": 2, "vidoe": 1}
+    assert report["problems"] == [
+        "2 due jobs in queue 'video', which no live worker serves",
+        "1 due job in queue 'vidoe', which no live worker serves",
+    ]
 
 
 def test_failed_lists_dead_letters_newest_first():

@@ -39,7 +39,7 @@ def test_schedules_page_lists_last_and_next_run(declared, root):
 def test_run_now_queues_one_run_and_leaves_due_times_alone(declared, root):
     before = Schedule.objects.get(name="nightly").next_due_ms
     response = root.post("/admin/django_durq/schedule/", {"action": "run_now", "_selected_action": ["nightly"]}, follow=True)
-    assert "Queued 1 run(s): nightly" in response.content.decode()
+    assert "Queued 1 run: nightly" in response.content.decode()
     job = Job.objects.get()
     assert job.name == "tests.effect" and job.kwargs == {"tag": "cron"}
     assert Schedule.objects.get(name="nightly").next_due_ms == before

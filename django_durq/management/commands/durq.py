@@ -13,6 +13,7 @@ import re
 from typing import Any, NoReturn
 
 from django.core.management import BaseCommand, CommandError, CommandParser
+from django.utils.translation import ngettext
 
 from ... import ops
 from ...clock import ms_to_datetime, now_ms
@@ -20,8 +21,11 @@ from ...clock import ms_to_datetime, now_ms
 USAGE_ERROR = 2
 NOT_ALL_DONE = 1
 
+MAX_DURATION_MS = 100 * 365 * 86_400_000  # past this, "now minus the duration" is no time a job has
 _UNITS_MS = {"s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$")
+# ASCII digits only: str.isdigit() and \d also take "²" and "١٢٣", which int() then refuses or misreads.
+_DIGITS = re.compile(r"[0-9]+")
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(s|m|min|h|d|w)$")
 
 
 class OneLineParser(CommandParser):
@@ -34,13 +38,13 @@ class OneLineParser(CommandParser):
 
 
 def job_id(text: str) -> int:
-    if not text.isdigit() or int(text) < 1 or len(text) > 18:
+    if not _DIGITS.fullmatch(text) or int(text) < 1 or len(text) > 18:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a positive whole number)")
     return int(text)
 
 
 def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not _DIGITS.fullmatch(text) or len(text) > 18 or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return int(text)
 
@@ -50,12 +54,15 @@ def duration_ms(text: str) -> int:
     match = _DURATION.match(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 12h, 7d, 2w")
-    return round(float(match.group(1)) * _UNITS_MS[match.group(2)])
+    ms = round(float(match.group(1)) * _UNITS_MS[match.group(2)])
+    if ms > MAX_DURATION_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than 100 years")
+    return ms
 
 
 def queue_name(text: str) -> str:
-    if not text or ":" in text or len(text) > 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name (1 to 100 characters, no ':')")
+    if not text or ":" in text or "\x00" in text or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name (1 to 100 characters, no ':' or NUL)")
     return text
 
 
@@ -103,10 +110,23 @@ class Command(BaseCommand):
         self.stdout.write(format_schedules(now_ms()))
 
     def do_stats(self, options: dict[str, Any]) -> None:
-        rows = ops.stats(now_ms=now_ms())
+        now = now_ms()
+        rows = ops.stats(now_ms=now)
         if options["json"]:
             self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
-            return
+        else:
+            self._stats_table(rows)
+        # On stderr, so that the table and the JSON stay as they are for whatever reads them.
+        for queue, count in ops.unserved(now_ms=now).items():
+            waits = ngettext("it waits", "they wait", count)
+            self.stderr.write(
+                self.style.WARNING(
+                    f"Warning: {ops.due_jobs(count)} in queue {queue!r}, which no live worker serves: "
+                    f"{waits} until a worker runs that queue."
+                )
+            )
+
+    def _stats_table(self, rows: list[ops.QueueStats]) -> None:
         table = [["QUEUE", "WAITING", "DELAYED", "RUNNING", "DEAD", "OLDEST WAIT", "DONE 1m/1h", "FAILED 1m/1h", "WORKERS"]]
         for row in rows:
             table.append(
@@ -174,7 +194,8 @@ class Command(BaseCommand):
         result = ops.retry_failed(queue=options["queue"], now_ms=now) if every else ops.retry(ids, now_ms=now)
         count = len(result.retried)
         if count:
-            self.stdout.write(f"Retried {count} job{'s' if count != 1 else ''}{_list(result.retried)}: due now.")
+            retried = ngettext("Retried %(count)d job", "Retried %(count)d jobs", count) % {"count": count}
+            self.stdout.write(f"{retried}{_list(result.retried)}: due now.")
         elif not result.skipped:
             self.stdout.write("No dead letters to retry.")
         self._skipped("retried", result.skipped)
@@ -185,16 +206,19 @@ class Command(BaseCommand):
         count = ops.purge(older_than_ms=options["older_than"], queue=options["queue"], now_ms=now, dry_run=options["dry_run"])
         where = f" in queue {options['queue']!r}" if options["queue"] else ""
         verb = "Would purge" if options["dry_run"] else "Purged"
-        self.stdout.write(f"{verb} {count} dead letter{'s' if count != 1 else ''}{where} that died at or before {bound}.")
+        letters = ngettext("%(count)d dead letter", "%(count)d dead letters", count) % {"count": count}
+        self.stdout.write(f"{verb} {letters}{where} that died at or before {bound}.")
 
     def do_cancel(self, options: dict[str, Any]) -> None:
         result = ops.cancel(options["ids"], now_ms=now_ms())
         waiting, running = len(result.cancelled), len(result.stopping)
         if waiting:
-            self.stdout.write(f"Cancelled {waiting} waiting job{'s' if waiting != 1 else ''}{_list(result.cancelled)}.")
+            cancelled = ngettext("Cancelled %(count)d waiting job", "Cancelled %(count)d waiting jobs", waiting)
+            self.stdout.write(f"{cancelled % {'count': waiting}}{_list(result.cancelled)}.")
         if running:
+            asked = ngettext("Asked %(count)d running job", "Asked %(count)d running jobs", running) % {"count": running}
             self.stdout.write(
-                f"Asked {running} running job{'s' if running != 1 else ''}{_list(result.stopping)} to stop: "
+                f"{asked}{_list(result.stopping)} to stop: "
                 "each is cancelled when its handler returns (ctx.should_stop() is now true)."
             )
         self._skipped("cancelled", result.skipped)
@@ -206,7 +230,9 @@ class Command(BaseCommand):
             return
         for job_id_, reason in skipped.items():
             self.stderr.write(f"Job {job_id_} not {verb}: {reason}.")
-        raise CommandError(f"{len(skipped)} job(s) not {verb}", returncode=NOT_ALL_DONE)
+        count = len(skipped)
+        left = ngettext("%(count)d job not %(verb)s", "%(count)d jobs not %(verb)s", count) % {"count": count, "verb": verb}
+        raise CommandError(left, returncode=NOT_ALL_DONE)
 
     def _table(self, rows: list[list[str]]) -> None:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -1,0 +1,38 @@
+"""Operating the queue: list dead letters, retry, purge, cancel, and per-queue stats.
+
+The admin actions, the ``durq`` management command and the monitoring views are thin callers of
+these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
+batches of ids so that no statement holds locks on a large part of the table. One module per
+concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.formatting`; their public names
+are all here.
+"""
+
+from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
+from .formatting import format_age, local_time
+from .reading import LIVE_HEARTBEATS, failed, live_workers, queue_names, worker_queues
+from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
+
+__all__ = [
+    "LIVE_HEARTBEATS",
+    "RETRYABLE",
+    "Bucket",
+    "CancelResult",
+    "QueueStats",
+    "RetryResult",
+    "Selection",
+    "cancel",
+    "due_jobs",
+    "failed",
+    "format_age",
+    "health",
+    "live_workers",
+    "local_time",
+    "purge",
+    "queue_names",
+    "retry",
+    "retry_failed",
+    "stats",
+    "throughput",
+    "unserved",
+    "worker_queues",
+]

@@ -1,0 +1,207 @@
+"""Acting on jobs: retry dead or cancelled ones, purge dead letters, cancel waiting or running ones.
+
+Each works in batches of ids, so that no statement holds locks on a large part of the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+
+from ..enqueue import _wake_on_commit
+from ..models import Job, JobQuerySet, Status
+from ..store import Store
+from .reading import alias_of, jobs_on, now_or
+
+BATCH = 500
+RETRYABLE = (Status.DEAD, Status.CANCELLED)
+
+Selection = Iterable[int] | QuerySet[Job]
+
+
+@dataclass
+class RetryResult:
+    retried: list[int] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)  # job id -> why it was left alone
+
+
+@dataclass
+class CancelResult:
+    cancelled: list[int] = field(default_factory=list)  # were waiting: cancelled now
+    stopping: list[int] = field(default_factory=list)  # were running: asked to stop (ctx.should_stop())
+    skipped: dict[int, str] = field(default_factory=dict)
+
+
+def _batches(selection: Selection, alias: str) -> Iterator[list[int]]:
+    """Job ids of ``selection`` in batches; a queryset is walked by id, so rows it changes are not revisited."""
+    if isinstance(selection, QuerySet):
+        ids = selection.using(alias).order_by("pk").values_list("pk", flat=True)
+        last = None
+        while True:
+            page = ids if last is None else ids.filter(pk__gt=last)
+            batch = list(page[:BATCH])
+            if not batch:
+                return
+            yield batch
+            last = batch[-1]
+    else:
+        pending = list(dict.fromkeys(int(job_id) for job_id in selection))
+        for start in range(0, len(pending), BATCH):
+            yield pending[start : start + BATCH]
+
+
+def _status_reasons(batch: list[int], done: set[int], alias: str, verb: str) -> dict[int, str]:
+    """Why the ids of ``batch`` not in ``done`` were left alone."""
+    left = [job_id for job_id in batch if job_id not in done]
+    if not left:
+        return {}
+    statuses = dict(jobs_on(alias).filter(pk__in=left).values_list("pk", "status"))
+    return {job_id: (f"is {statuses[job_id]}, so it is not {verb}" if job_id in statuses else "no such job") for job_id in left}
+
+
+def retry(selection: Selection, *, now_ms: int | None = None, using: str | None = None) -> RetryResult:
+    """Dead or cancelled jobs back to waiting, due now, attempts reset; their error history is kept.
+
+    A running (or waiting, or finished) job is never touched. A job whose dedupe key another
+    active job now holds is skipped: the unique index would refuse it.
+    """
+    now = now_or(now_ms)
+    alias = alias_of(using)
+    store = Store(alias)
+    result = RetryResult()
+    for batch in _batches(selection, alias):
+        done = store.retrying("retry", partial(_retry_batch, batch, now, alias, result))
+        result.skipped.update(_status_reasons(batch, done, alias, "retried"))
+    return result
+
+
+def retry_failed(*, queue: str | None = None, now_ms: int | None = None, using: str | None = None) -> RetryResult:
+    """Retry every dead letter (of one queue)."""
+    dead = jobs_on(alias_of(using)).dead()
+    if queue is not None:
+        dead = dead.filter(queue=queue)
+    return retry(dead, now_ms=now_ms, using=using)
+
+
+_RESET = {
+    "status": Status.WAITING,
+    "attempts": 0,
+    "finished_ms": None,
+    "lease_expires_ms": None,
+    "stop_requested": False,
+    "progress_done": None,
+    "progress_total": None,
+    "result": None,
+}
+
+
+def _retry_batch(batch: list[int], now: int, alias: str, result: RetryResult, _dialect: object) -> set[int]:
+    """Retry what is retryable in ``batch``; returns the ids handled (retried or skipped for a key)."""
+    handled: set[int] = set()
+    with transaction.atomic(using=alias):
+        # Locks only dead and cancelled rows, which no worker reads, so claims never wait on it.
+        rows = list(
+            jobs_on(alias).select_for_update().filter(pk__in=batch, status__in=RETRYABLE).values_list("pk", "unique_key", "queue")
+        )
+        plain = [job_id for job_id, key, _ in rows if key is None]
+        jobs_on(alias).filter(pk__in=plain).update(run_at_ms=now, **_RESET)
+        retried = list(plain)
+        for job_id, key, _ in rows:
+            if key is None:
+                continue
+            try:
+                # A savepoint keeps the batch alive when the unique index refuses this one.
+                with transaction.atomic(using=alias):
+                    jobs_on(alias).filter(pk=job_id).update(run_at_ms=now, **_RESET)
+                retried.append(job_id)
+            except IntegrityError:
+                holder = jobs_on(alias).active().filter(unique_key=key).values_list("pk", flat=True).first()
+                result.skipped[job_id] = f"its dedupe key {key!r} is held by active job {holder}"
+            handled.add(job_id)
+        queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
+        if queues:
+            _wake_on_commit(alias, queues)
+    result.retried.extend(sorted(retried))
+    return handled | set(retried)
+
+
+def purge(
+    selection: Selection | None = None,
+    *,
+    older_than_ms: int | None = None,
+    queue: str | None = None,
+    now_ms: int | None = None,
+    dry_run: bool = False,
+    using: str | None = None,
+) -> int:
+    """Delete dead letters, in batches of ids; returns how many were (or, on a dry run, would be) deleted.
+
+    ``older_than_ms`` keeps dead letters that died less than that long before ``now_ms``; the
+    bound is inclusive (a job that died exactly that long ago goes). Only dead jobs are ever
+    deleted, whatever the selection holds.
+    """
+    alias = alias_of(using)
+    dead = jobs_on(alias).dead()
+    if older_than_ms is not None:
+        dead = dead.filter(finished_ms__lte=now_or(now_ms) - older_than_ms)
+    if queue is not None:
+        dead = dead.filter(queue=queue)
+    batches: Iterable[list[int]]
+    if selection is None:
+        if dry_run:
+            return dead.count()
+        batches = _dead_batches(dead.order_by("finished_ms", "pk").values_list("pk", flat=True))
+    else:
+        batches = _batches(selection, alias)
+        if dry_run:
+            return sum(dead.filter(pk__in=batch).count() for batch in batches)
+    store = Store(alias)
+    deleted = 0
+    for batch in batches:
+        deleted += store.retrying("purge", partial(_delete, dead, batch))
+    return deleted
+
+
+def _delete(dead: JobQuerySet, batch: list[int], _dialect: object) -> int:
+    return dead.filter(pk__in=batch).delete()[0]
+
+
+def _dead_batches(ids: QuerySet[Job, int]) -> Iterator[list[int]]:
+    # Each batch is deleted before the next is read, so the first BATCH ids are always new ones.
+    while batch := list(ids[:BATCH]):
+        yield batch
+
+
+def cancel(selection: Selection, *, now_ms: int | None = None, using: str | None = None) -> CancelResult:
+    """Waiting jobs become cancelled; running jobs are asked to stop.
+
+    A running handler sees ``ctx.should_stop()`` turn true at its worker's next heartbeat; when
+    it returns, the job is recorded as cancelled.
+    """
+    now = now_or(now_ms)
+    alias = alias_of(using)
+    store = Store(alias)
+    result = CancelResult()
+    for batch in _batches(selection, alias):
+        done = store.retrying("cancel", partial(_cancel_batch, batch, now, alias, result))
+        result.skipped.update(_status_reasons(batch, done, alias, "cancelled"))
+    return result
+
+
+def _cancel_batch(batch: list[int], now: int, alias: str, result: CancelResult, _dialect: object) -> set[int]:
+    with transaction.atomic(using=alias):
+        waiting = list(
+            jobs_on(alias).select_for_update().filter(pk__in=batch, status=Status.WAITING).values_list("pk", flat=True)
+        )
+        jobs_on(alias).filter(pk__in=waiting).update(status=Status.CANCELLED, finished_ms=now)
+        running = list(
+            jobs_on(alias).select_for_update().filter(pk__in=batch, status=Status.RUNNING).values_list("pk", flat=True)
+        )
+        jobs_on(alias).filter(pk__in=running).update(stop_requested=True)
+    result.cancelled.extend(sorted(waiting))
+    result.stopping.extend(sorted(running))
+    return set(waiting) | set(running)

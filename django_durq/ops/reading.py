@@ -1,0 +1,92 @@
+"""Reading the queue: which queues exist, which workers are live and what they serve, the dead letters."""
+
+from __future__ import annotations
+
+import json
+from typing import cast
+
+from .. import presence
+from ..clock import now_ms as clock_now_ms
+from ..conf import get_settings
+from ..models import Job, JobQuerySet, Status, WorkerProcess
+from ..presence import Liveness
+from ..registry import registry
+from ..store import Store
+
+# A worker counts as live while its row was refreshed within this many heartbeat intervals.
+LIVE_HEARTBEATS = 3
+
+
+def alias_of(using: str | None) -> str:
+    return using or get_settings().database
+
+
+def now_or(now_ms: int | None) -> int:
+    return clock_now_ms() if now_ms is None else now_ms
+
+
+def jobs_on(alias: str) -> JobQuerySet:
+    return cast(JobQuerySet, Job.objects.using(alias).all())
+
+
+def failed(*, queue: str | None = None, limit: int = 50, using: str | None = None) -> list[Job]:
+    """Dead letters, most recent first."""
+    jobs = jobs_on(alias_of(using)).dead()
+    if queue is not None:
+        jobs = jobs.filter(queue=queue)
+    return list(jobs.order_by("-finished_ms", "-id")[:limit])
+
+
+def queue_names(using: str | None = None) -> list[str]:
+    """Queues in settings, in the registry, or holding rows; found by index seeks, not DISTINCT.
+
+    Where the queue's indexes are partial (SQLite, PostgreSQL: migration 0002), no one index
+    leads with ``queue`` over every row: the seeks go through the waiting, the running and the
+    finished, dead or cancelled rows, each with an index of its own.
+    """
+    alias = alias_of(using)
+    names = set(get_settings().queues) | registry.queues()
+    jobs = jobs_on(alias)
+    if Store(alias).dialect.partial_indexes:
+        scopes = [jobs.filter(status=Status.WAITING), jobs.filter(status=Status.RUNNING), jobs.filter(finished_ms__isnull=False)]
+    else:
+        scopes = [jobs]
+    for scope in scopes:
+        queues = scope.order_by("queue").values_list("queue", flat=True)
+        last = queues.first()
+        while last is not None:
+            names.add(last)
+            last = queues.filter(queue__gt=last).first()
+    return sorted(names)
+
+
+def live_workers(*, now_ms: int | None = None, using: str | None = None) -> list[WorkerProcess]:
+    """Workers alive now: holding their presence lock (SQLite), or else heartbeating recently.
+
+    A worker whose lock is held is alive however long ago it last wrote (an idle worker on SQLite
+    writes nothing), so it is reported as seen now; one whose lock is released has ended.
+    """
+    alias = alias_of(using)
+    now = now_or(now_ms)
+    horizon = now - LIVE_HEARTBEATS * get_settings().heartbeat_interval_ms
+    workers = WorkerProcess.objects.using(alias).order_by("host", "started_ms", "pid")
+    if presence.directory(alias) is None:
+        return list(workers.filter(last_seen_ms__gte=horizon))
+    rows = list(workers)
+    held = presence.states(alias, [worker.worker_id for worker in rows])
+    alive = []
+    for worker in rows:
+        state = held[worker.worker_id]
+        if state is Liveness.HELD:
+            worker.last_seen_ms = now
+        if state is Liveness.HELD or (state is Liveness.UNKNOWN and worker.last_seen_ms >= horizon):
+            alive.append(worker)
+    return alive
+
+
+def worker_queues(worker: WorkerProcess) -> dict[str, int]:
+    try:
+        queues = json.loads(worker.queues)
+    except ValueError:
+        return {}
+    return {str(name): int(size) for name, size in queues.items()} if isinstance(queues, dict) else {}
