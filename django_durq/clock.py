@@ -112,18 +112,20 @@ class ShiftedClock:
         return self.base.now_ms() + self.offset_ms
 
 
-def database_clock(alias: str | None = None, base: Clock | None = None, refresh_s: float = 30.0) -> ServerClock:
-    """A :class:`ServerClock` reading the queue's database (``DURQ["DATABASE"]`` by default)."""
+def database_clock(alias: str | None = None, base: Clock | None = None, refresh_s: float = 30.0) -> Clock:
+    """A :class:`ServerClock` reading the queue's database (``DURQ["DATABASE"]`` by default).
 
-    def read() -> int | None:
-        from django.db import connections
+    On SQLite, whose processes share one host's clock, that clock itself.
+    """
+    from django.db import connections
 
-        from .conf import get_settings
-        from .db.checks import database_now_ms
+    from .conf import get_settings
+    from .db.checks import database_now_ms
 
-        return database_now_ms(connections[alias or get_settings().database])
-
-    return ServerClock(read, base=base, refresh_s=refresh_s)
+    connection = connections[alias or get_settings().database]
+    if connection.vendor == "sqlite":
+        return base or SystemClock()
+    return ServerClock(lambda: database_now_ms(connections[connection.alias]), base=base, refresh_s=refresh_s)
 
 
 _current: Clock | None = None

@@ -26,6 +26,10 @@ TIMED_OUT = "timed out"
 SHUTDOWN = "shutdown"
 
 
+# Guards JobContext.settle(); contention is rare (a timeout racing a return), so one lock serves all.
+_settle_lock = threading.Lock()
+
+
 def lease_margin_s(lease_ms: int) -> float:
     """How long before its lease runs out an attempt whose renewals stall is told to stop.
 
@@ -58,11 +62,13 @@ class JobContext:
         self.attempt = job.attempts
         self.max_attempts = job.max_attempts
         self.claim_token = job.claim_token
+        self.lease = (job.id, job.claim_token)  # names this attempt: (job id, claim token)
         self.worker_id = worker_id
         self.lease_ms = job.lease_ms
         self.timeout_ms = job.timeout_ms
+        mono = time.monotonic()
         self.started_ms = clock.now_ms()
-        self.started_mono = time.monotonic()
+        self.started_mono = mono
         self.deadline_ms = self.started_ms + job.timeout_ms if job.timeout_ms else None
         self.lease_lost = False
         # An operator's cancel, read at the claim or from a renewal: final whatever happens next.
@@ -71,25 +77,21 @@ class JobContext:
         self.settled = False  # an outcome of this attempt is being recorded; nothing else may record one
         # Monotonic second until which the database has confirmed this lease. The claim that
         # created this attempt confirmed it from (at the latest) the moment the context was built.
-        self.confirmed_until = time.monotonic() + job.lease_ms / 1000
+        self.confirmed_until = mono + job.lease_ms / 1000
         self._margin_s = lease_margin_s(job.lease_ms)
-        self._deadline_mono = time.monotonic() + job.timeout_ms / 1000 if job.timeout_ms else None
+        self._deadline_mono = mono + job.timeout_ms / 1000 if job.timeout_ms else None
         self._store = store
         self._clock = clock
         self._shutdown = shutdown
         self._stop_cause = stop_cause
-        self._settle_lock = threading.Lock()
-
-    @property
-    def lease(self) -> tuple[int, int]:
-        return (self.job_id, self.claim_token)
 
     def start(self) -> None:
         """The handler starts now: timeouts count from here, not from the claim."""
         self.started_ms = self._clock.now_ms()
-        self.started_mono = time.monotonic()
-        self.deadline_ms = self.started_ms + self.timeout_ms if self.timeout_ms else None
-        self._deadline_mono = time.monotonic() + self.timeout_ms / 1000 if self.timeout_ms else None
+        self.started_mono = mono = time.monotonic()
+        if self.timeout_ms:
+            self.deadline_ms = self.started_ms + self.timeout_ms
+            self._deadline_mono = mono + self.timeout_ms / 1000
 
     def settle(self) -> bool:
         """Claim the right to record this attempt's outcome; True for the first caller only.
@@ -97,7 +99,7 @@ class JobContext:
         The slot that ran the handler and the monitor that reaps a timeout may both reach an
         outcome; exactly one of them records it, counts it and announces it.
         """
-        with self._settle_lock:
+        with _settle_lock:
             if self.settled:
                 return False
             self.settled = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -96,8 +97,9 @@ class Executor:
         self.emit = emit
         self.emit_many = emit_many or _send_each
         self.hooks_enabled = settings.test_hooks_dir is not None
-        # The connection's transaction state before the handler ran (see reclaim_connection).
-        self._before_handler: tuple[int, bool] = (0, True)
+        # Per slot thread: its connection, and that connection's transaction state before the
+        # handler ran (see reclaim_connection).
+        self._local = threading.local()
         self._keep_finished: dict[str, int] = {}  # per queue; looked up for every finished job
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
@@ -118,7 +120,7 @@ class Executor:
             # Cancelled before it started (in a buffer, or before a hand-back): never run.
             return self.record(job, ctx, None, None, errors)
         ctx.start()
-        self._before_handler = transaction_state(self.store.alias)
+        self._local.before_handler = transaction_state(self._connection())
         definition = registry.get(job.name)
         result: Any = None
         failure: Failure | None = None
@@ -131,9 +133,17 @@ class Executor:
                 failure = Failure("decode", f"payload decode error: {_safe_str(error)}", type=_type_path(error))
             else:
                 failure, result = self._call(definition, ctx, args, kwargs)
-        return self.record(job, ctx, failure, result, errors)
+        return self.record(job, ctx, failure, result, errors, definition)
 
-    def record(self, job: ClaimedJob, ctx: JobContext, failure: Failure | None, result: Any, errors: list[dict[str, Any]]) -> str:
+    def record(
+        self,
+        job: ClaimedJob,
+        ctx: JobContext,
+        failure: Failure | None,
+        result: Any,
+        errors: list[dict[str, Any]],
+        definition: JobDefinition | None = None,
+    ) -> str:
         """Record this attempt's outcome, unless another recorder (a timeout) already settled it.
 
         Whatever goes wrong while deciding or writing the outcome — a bad ``Retry(after=...)``,
@@ -147,12 +157,12 @@ class Executor:
                 job.name,
             )
             return ABANDONED
-        reclaim_connection(self.store.alias, self._before_handler)
+        reclaim_connection(self._connection(), getattr(self._local, "before_handler", (0, True)))
         hooks.jitter("outcome")
         if self.hooks_enabled:
             hooks.reach("before_complete", job.id)
         try:
-            return self._record(job, ctx, failure, result, errors)
+            return self._record(job, ctx, failure, result, errors, definition or registry.get(job.name))
         except (OperationalError, InterfaceError):
             raise
         except Exception as error:
@@ -163,7 +173,13 @@ class Executor:
             return self._fail(job, ctx, registry.get(job.name), failed, errors)
 
     def _record(
-        self, job: ClaimedJob, ctx: JobContext, failure: Failure | None, result: Any, errors: list[dict[str, Any]]
+        self,
+        job: ClaimedJob,
+        ctx: JobContext,
+        failure: Failure | None,
+        result: Any,
+        errors: list[dict[str, Any]],
+        definition: JobDefinition | None,
     ) -> str:
         reason = ctx.stop_reason()
         if failure is None and reason == TIMED_OUT:
@@ -175,7 +191,6 @@ class Executor:
             return self._cancel(job, ctx, errors)
         if failure is None and ctx.stop_seen and reason in (SHUTDOWN, LEASE_AT_RISK):
             return self.hand_back(job, ctx, errors)
-        definition = registry.get(job.name)
         if failure is None:
             return self._finish(job, ctx, definition, result, errors)
         return self._fail(job, ctx, definition, failure, errors)
@@ -274,7 +289,7 @@ class Executor:
                     "exception", f"the handler returned a value that is not JSON: {error}", "django_durq.InvalidPayload"
                 )
                 return self._fail(job, ctx, definition, failure, errors)
-        now = self.clock.now_ms()
+        now = self.clock.now_ms() if keep else 0  # a finished time is stored only with the row
         if self.defer_completion is not None:
             self.defer_completion(job, ctx, Completion(result, keep, stored, now))
             return FINISHED
@@ -377,6 +392,14 @@ class Executor:
             jobs_log.info("durq: job %s (%s) cancelled", job.id, job.name, extra=_extra(job))
         return CANCELLED_OUTCOME if held else LOST
 
+    def _connection(self) -> Any:
+        """This thread's connection to the queue's database, looked up once per thread."""
+        try:
+            return self._local.connection
+        except AttributeError:
+            self._local.connection = connections[self.store.alias]
+            return self._local.connection
+
     def _wake(self, queue: str) -> None:
         """Tell idle workers, here and in other processes, that a job of ``queue`` is due now."""
         try:
@@ -397,14 +420,12 @@ class Executor:
         }
 
 
-def transaction_state(alias: str) -> tuple[int, bool]:
-    """(atomic blocks open, autocommit) of this thread's connection, without connecting."""
-    connection = connections[alias]
-    autocommit = connection.autocommit if connection.connection is not None else True
-    return len(connection.atomic_blocks), bool(autocommit)
+def transaction_state(connection: Any) -> tuple[int, bool]:
+    """(atomic blocks open, autocommit) of a connection, without connecting."""
+    return len(connection.atomic_blocks), connection.connection is None or connection.autocommit
 
 
-def reclaim_connection(alias: str, before: tuple[int, bool] = (0, True)) -> None:
+def reclaim_connection(connection: Any, before: tuple[int, bool] = (0, True)) -> None:
     """Take back this thread's connection from a transaction the handler left open.
 
     A handler that called ``set_autocommit(False)`` (or entered ``atomic()`` without leaving it)
@@ -413,8 +434,10 @@ def reclaim_connection(alias: str, before: tuple[int, bool] = (0, True)) -> None
     is the state the handler found: code that runs jobs inside its own transaction (a test's
     ``drain()``) keeps it.
     """
-    connection = connections[alias]
-    depth, autocommit = transaction_state(alias)
+    depth, autocommit = transaction_state(connection)
+    if depth == before[0] and autocommit:
+        return  # as the handler found it: nearly always
+    alias = connection.alias
     if depth > before[0]:
         logger.warning("durq: a handler left a transaction open on %r; rolling it back", alias)
         if before[0] == 0:

@@ -26,11 +26,12 @@ FINISHING = "finishing"  # the handler returned; its completion waits to be comm
 
 
 class Attempt:
-    __slots__ = ("abandoned", "buffered_at", "ctx", "finished_ms", "job", "pool", "result", "state", "stored")
+    __slots__ = ("abandoned", "buffered_at", "ctx", "finished_ms", "job", "lease", "pool", "result", "state", "stored")
 
     def __init__(self, job: ClaimedJob, ctx: JobContext, pool: Pool | None = None) -> None:
         self.job = job
         self.ctx = ctx
+        self.lease: Lease = ctx.lease
         self.pool = pool
         self.state = BUFFERED
         self.buffered_at = time.monotonic()
@@ -41,10 +42,6 @@ class Attempt:
         # A timeout gave this attempt's slot to a new thread: the old thread, when its handler
         # returns at last, records nothing and takes no further job.
         self.abandoned = False
-
-    @property
-    def lease(self) -> Lease:
-        return self.ctx.lease
 
     def __repr__(self) -> str:
         return f"<Attempt job={self.job.id} token={self.job.claim_token} {self.state}>"
@@ -61,6 +58,12 @@ class AttemptBook:
         with self._lock:
             for attempt in attempts:
                 self._attempts[attempt.lease] = attempt
+
+    def remove_many(self, attempts: list[Attempt]) -> None:
+        with self._lock:
+            for attempt in attempts:
+                if self._attempts.get(attempt.lease) is attempt:
+                    del self._attempts[attempt.lease]
 
     def remove(self, attempt: Attempt) -> None:
         """Forget ``attempt``, and only it: another attempt of the same job keeps its place."""

@@ -399,8 +399,7 @@ class Pool:
                         attempt.job.name,
                     )
         finally:
-            for attempt in completions:
-                runtime.book.remove(attempt)
+            runtime.book.remove_many(completions)
         return jobs
 
     def bury_expired(self, now: int) -> int:
@@ -539,7 +538,7 @@ class SlotConnections:
             if connection.connection is None:
                 continue
             if connection.in_atomic_block or not connection.get_autocommit():
-                reclaim_connection(connection.alias)  # a handler's, on a database the queue does not use
+                reclaim_connection(connection)  # a handler's, on a database the queue does not use
             elif connection.errors_occurred and not connection.is_usable():
                 connection.close()
             elif connection.close_at is not None and connection.settings_dict["CONN_MAX_AGE"]:
