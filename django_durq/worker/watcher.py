@@ -168,9 +168,9 @@ class IdGaps:
         if above:
             new = True
             top = above[-1]
-            if top - self.last - len(above) <= MAX_GAPS:
-                for missing in set(range(self.last + 1, top)) - present:
-                    self._gaps[missing] = now
+            # The ids just below the newest are the ones a transaction still open may commit.
+            for missing in set(range(max(self.last + 1, top - MAX_GAPS), top)) - present:
+                self._gaps[missing] = now
             self.last = top
         for gap, since in list(self._gaps.items()):
             if now - since > GAP_S:
