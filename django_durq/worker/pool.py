@@ -133,6 +133,10 @@ class Pool:
         with self._lock:
             return list(self._running)
 
+    def running_now(self) -> int:
+        """How many handlers run, read without the lock: safe in a signal handler."""
+        return len(self._running)
+
     def busy(self) -> int:
         with self._lock:
             return self._busy

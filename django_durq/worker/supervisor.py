@@ -81,7 +81,7 @@ class Supervisor:
                 self._on_quit(signum, frame)
         self._signals += 1
         if self._signals == 1:
-            running = sum(len(pool.running()) for pool in self.pools) if self.pools else 0
+            running = sum(pool.running_now() for pool in self.pools)
             again = "press Ctrl-C again" if signum == signal.SIGINT else "send SIGQUIT"
             os.write(
                 2,
