@@ -295,9 +295,16 @@ class Pool:
         return now < self._sharing_until
 
     def _hand_back_stale(self) -> None:
-        """Hand back jobs claimed ahead that waited too long for a slot (a long job took it)."""
+        """Hand back jobs claimed ahead that waited too long for a slot because a long job took it.
+
+        Jobs that wait only because every commit is slow (a busy database) are kept: handing
+        them back would cost another write each.
+        """
         with self._lock:
-            if not self._ready or time.monotonic() - self._ready[0].buffered_at < BUFFER_MAX_WAIT_S:
+            now = time.monotonic()
+            if not self._ready or now - self._ready[0].buffered_at < BUFFER_MAX_WAIT_S:
+                return
+            if not any(now - attempt.ctx.started_mono >= BUFFER_MAX_WAIT_S for attempt in self._running):
                 return
         self._hand_back(everything=False)
 

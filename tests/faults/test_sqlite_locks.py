@@ -9,6 +9,7 @@ before it claims, and waits out "database is locked" inside its own statements (
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import sys
@@ -101,8 +102,12 @@ def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, 
     verdict = checker.check({row.pk for row in queued})
     assert verdict.exact, verdict
     # No lock error reached a handler and no lease expired: every job ran once, under the token of
-    # its first claim, and every completion was recorded (finished jobs are deleted).
-    assert set(Effect.objects.values_list("token", flat=True)) == {1}
+    # its first claim (or of a claim after an uncounted hand-back from a buffer, which the workers
+    # log), and every completion was recorded (finished jobs are deleted).
+    handed_back = sum(
+        int(count) for worker in workers for count in re.findall(r"handed back (\d+) buffered job", worker.output())
+    )
+    assert Effect.objects.exclude(token=1).count() <= handed_back
     assert not Job.objects.exists()
     for worker in workers:
         assert problems_in(worker.output()) == [], worker.output()
