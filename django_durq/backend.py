@@ -61,9 +61,10 @@ class DurqBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        attempts = self.options.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS) if isinstance(self.options, dict) else None
+        attempts: Any = self.options.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS) if isinstance(self.options, dict) else None
         # A bad value is reported by check() (durq.E103); until it is fixed a task runs once.
-        self.max_attempts: int = attempts if max_attempts_problem(attempts) is None else DEFAULT_MAX_ATTEMPTS
+        valid = isinstance(attempts, int) and max_attempts_problem(attempts) is None
+        self.max_attempts: int = attempts if valid else DEFAULT_MAX_ATTEMPTS
 
     def validate_task(self, task: Any) -> None:
         """Django's rules, durq's options, then register the task so that workers can find it.
