@@ -10,7 +10,7 @@ from django.core.checks import run_checks
 from django.db import connection
 
 from django_durq import job
-from django_durq.clock import ManualClock, SystemClock
+from django_durq.clock import ShiftedClock, SystemClock, database_clock
 from django_durq.conf import get_settings, parse
 from django_durq.db.checks import sqlite_setup_warnings
 from django_durq.registry import registry
@@ -125,8 +125,8 @@ def test_a_pool_too_small_for_the_worker_is_an_error(settings):
     try:
         connection.settings_dict["OPTIONS"] = {**options, "pool": {"max_size": 3}}
         (error,) = [m for m in run_checks() if m.id == "durq.E020"]
-        # slots 4 + 2 + 1, a dispatcher per queue (3), the monitor, the maintenance runner, the main thread
-        assert "max_size 3" in error.msg and "holds up to 13 connections" in error.msg
+        # slots 4 + 2 + 1, a dispatcher per queue (3), the monitor, lease keeper, maintenance runner, events
+        assert "max_size 3" in error.msg and "holds up to 14 connections" in error.msg
     finally:
         connection.settings_dict["OPTIONS"] = options
 
@@ -141,17 +141,19 @@ def test_worker_refuses_to_start_on_bad_settings(worker_env):
 
 @pytest.mark.django_db
 @pytest.mark.skipif(db_vendor() == "sqlite", reason="SQLite shares the worker's host and clock")
-def test_clock_skew_against_the_database_is_warned_about(caplog):
+def test_clock_skew_against_the_database_is_reported_and_corrected(caplog):
     from django_durq.worker import Supervisor
 
-    skewed = ManualClock(start_ms=SystemClock().now_ms() + 600_000)
-    supervisor = Supervisor({"default": 1}, get_settings(), clock=skewed)
+    ahead = database_clock(base=ShiftedClock(600_000))  # a host whose clock runs 10 minutes fast
+    supervisor = Supervisor({"default": 1}, get_settings(), clock=ahead)
     with caplog.at_level(logging.WARNING, logger="django_durq"):
-        supervisor._warn_about_clock_skew()
-    assert "clock is +600.0 s off" in caplog.text and "NTP" in caplog.text
+        supervisor._report_clock()
+    assert "clock is +600.0 s off the database server's" in caplog.text and "NTP" in caplog.text
+    # The queue's timeline is the server's, not the host's.
+    assert abs(ahead.now_ms() - SystemClock().now_ms()) < 5_000
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="django_durq"):
-        Supervisor({"default": 1}, get_settings())._warn_about_clock_skew()
+        Supervisor({"default": 1}, get_settings(), clock=database_clock())._report_clock()
     assert caplog.text == ""
 
 
