@@ -135,9 +135,10 @@ class JobContext:
             return LEASE_LOST
         if self.stop_requested:
             return CANCELLED
-        if self.lease_at_risk():
+        now = time.monotonic()
+        if now >= self.confirmed_until - self._margin_s:
             return LEASE_AT_RISK
-        if self.timed_out():
+        if self._deadline_mono is not None and now >= self._deadline_mono:
             return TIMED_OUT
         if self._shutdown.is_set():
             return SHUTDOWN

@@ -120,7 +120,8 @@ class Executor:
             # Cancelled before it started (in a buffer, or before a hand-back): never run.
             return self.record(job, ctx, None, None, errors)
         ctx.start()
-        self._local.before_handler = transaction_state(self._connection())
+        connection = self._connection()
+        self._local.before_handler = (len(connection.atomic_blocks), connection.connection is None or connection.autocommit)
         definition = registry.get(job.name)
         result: Any = None
         failure: Failure | None = None
@@ -157,7 +158,10 @@ class Executor:
                 job.name,
             )
             return ABANDONED
-        reclaim_connection(self._connection(), getattr(self._local, "before_handler", (0, True)))
+        connection = self._connection()
+        before = getattr(self._local, "before_handler", (0, True))
+        if len(connection.atomic_blocks) != before[0] or not (connection.connection is None or connection.autocommit):
+            reclaim_connection(connection, before)
         hooks.jitter("outcome")
         if self.hooks_enabled:
             hooks.reach("before_complete", job.id)
