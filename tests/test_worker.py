@@ -288,3 +288,14 @@ def test_kill_9_mid_job_is_recovered_through_the_lease(spawn_worker):
     assert effect.pid == rescuer.pid and effect.token == 2
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait(timeout=20) == 0
+
+
+def test_the_first_ctrl_c_says_what_happens_and_the_last_line_counts_hand_backs(spawn_worker):
+    queued = jobs.until_stopped.enqueue(seconds=30.0)
+    worker = spawn_worker("--queue", "default:1")
+    wait_until(lambda: Job.objects.filter(pk=queued.pk, status="running").exists(), 30, "the job to start")
+    worker.signal(signal.SIGINT)
+    assert worker.wait(timeout=30) == 0
+    output = worker.output()
+    assert "stopping: finishing 1 running job(s), up to 5 s; press Ctrl-C again to stop now" in output, output
+    assert "0 jobs done, 1 handed back" in output, output
