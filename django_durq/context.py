@@ -55,6 +55,7 @@ class JobContext:
         clock: Clock,
         shutdown: threading.Event,
         stop_cause: Callable[[], str] | None = None,
+        claimed_mono: float | None = None,
     ) -> None:
         self.job_id = job.id
         self.name = job.name
@@ -75,9 +76,9 @@ class JobContext:
         self.stop_requested = bool(getattr(job, "stop_requested", False))
         self.stop_seen = False  # should_stop() has answered True to the handler
         self.settled = False  # an outcome of this attempt is being recorded; nothing else may record one
-        # Monotonic second until which the database has confirmed this lease. The claim that
-        # created this attempt confirmed it from (at the latest) the moment the context was built.
-        self.confirmed_until = mono + job.lease_ms / 1000
+        # Monotonic second until which the database has confirmed this lease: from the moment the
+        # claim read its "now" (``claimed_mono``), or at the latest from when the context was built.
+        self.confirmed_until = (mono if claimed_mono is None else claimed_mono) + job.lease_ms / 1000
         self._margin_s = lease_margin_s(job.lease_ms)
         self._deadline_mono = mono + job.timeout_ms / 1000 if job.timeout_ms else None
         self._store = store

@@ -148,18 +148,15 @@ class Pool:
 
     # --- dispatcher ----------------------------------------------------------------------------
 
-    def _target(self) -> int:
+    def _target(self, longest_running_s: float) -> int:
         """How many jobs to hold: one per slot, plus those the slots should start within the horizon.
 
         Nothing is claimed ahead while a slot runs a job longer than the horizon: the jobs it
         would hold could start sooner on another worker.
         """
         mean = self._mean_job_s
-        if not self.prefetch_ms or mean is None:
-            return self.concurrency
         horizon_s = self.prefetch_ms / 1000
-        now = time.monotonic()
-        if any(now - attempt.ctx.started_mono > horizon_s for attempt in self._running):
+        if not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
             return self.concurrency
         ahead = self.concurrency * horizon_s / max(mean, 1e-6)
         return self.concurrency + min(MAX_AHEAD, int(ahead))
@@ -177,13 +174,20 @@ class Pool:
                 self.kick.clear()
                 hooks.jitter("dispatch")
                 wait_s = runtime.poll_s
-                self._hand_back_stale()
                 with self._lock:
+                    now_mono = time.monotonic()
+                    # How long the slot busy longest has run: decides claiming ahead and hand-backs.
+                    longest_s = max((now_mono - attempt.ctx.started_mono for attempt in self._running), default=0.0)
                     held = self._busy + len(self._ready)
                     ready = len(self._ready)
                     pending = len(self._completions)
-                    held_for_s = time.monotonic() - self._completions_since
-                    target = self._target()
+                    held_for_s = now_mono - self._completions_since
+                    target = self._target(longest_s)
+                    # Jobs claimed ahead that waited too long because a long job took their slot
+                    # (not merely because every commit is slow) go back to other workers.
+                    stale = ready > 0 and now_mono - self._ready[0].buffered_at >= BUFFER_MAX_WAIT_S
+                if stale and longest_s >= BUFFER_MAX_WAIT_S:
+                    self._hand_back(everything=False)  # the counts above then overstate what is held: no over-claim
                 want = target - held
                 # Refill once the buffer is half used (at once when it only covers free slots).
                 self._low_water = (target - self.concurrency) // 2
@@ -268,9 +272,8 @@ class Pool:
                 clock=runtime.clock,
                 shutdown=runtime.shutdown,
                 stop_cause=runtime.stop_cause,
+                claimed_mono=claimed_mono,
             )
-            # The claim set the lease from a "now" read at claimed_mono: confirmed from there.
-            ctx.confirmed_until = claimed_mono + job.lease_ms / 1000
             attempts.append(Attempt(job, ctx, self))
         runtime.book.add(attempts)
         if any(job.lease_ms < 3 * self._heartbeat_ms for job in jobs):
@@ -293,20 +296,6 @@ class Pool:
             self._sharing_until = now + SHARING_S
         self._seen_version = version
         return now < self._sharing_until
-
-    def _hand_back_stale(self) -> None:
-        """Hand back jobs claimed ahead that waited too long for a slot because a long job took it.
-
-        Jobs that wait only because every commit is slow (a busy database) are kept: handing
-        them back would cost another write each.
-        """
-        with self._lock:
-            now = time.monotonic()
-            if not self._ready or now - self._ready[0].buffered_at < BUFFER_MAX_WAIT_S:
-                return
-            if not any(now - attempt.ctx.started_mono >= BUFFER_MAX_WAIT_S for attempt in self._running):
-                return
-        self._hand_back(everything=False)
 
     def _hand_back(self, everything: bool) -> None:
         """Release buffered jobs that never started for other workers, the attempt not counted."""
