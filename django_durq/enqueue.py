@@ -9,7 +9,7 @@ the key never reaches the caller as an error.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,7 @@ def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]
     if not dialect.returns_bulk_insert_ids:
         rows = [Job(**_values(definition, [], dict(item))) for item in items]
         created = Job.objects.using(alias).bulk_create(rows)
-        _wake_on_commit(alias, sorted({job.queue for job in created}))
+        wakeup.wake_on_commit(alias, sorted({job.queue for job in created}))
         return created
     # Every item shares the definition's options: build one row, vary only the arguments, and
     # insert with one statement, skipping the ORM's per-object compilation.
@@ -84,7 +84,7 @@ def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]
     arguments = [encode_arguments([], item, cap) for item in items]
     ids = dialect.insert_jobs({column: value for column, value in values.items() if column != "arguments"}, arguments)
     created = _jobs(values, zip(ids, arguments, strict=True), alias)
-    _wake_on_commit(alias, [values["queue"]])
+    wakeup.wake_on_commit(alias, [values["queue"]])
     return created
 
 
@@ -205,11 +205,3 @@ def _insert(values: dict[str, Any], alias: str) -> int:
     """Insert one row (and, on PostgreSQL, its wake-up NOTIFY) in one statement; returns its id."""
     dialect = dialect_for(connections[alias])
     return dialect.insert_job(values, notify=dialect.supports_notify)
-
-
-def _wake_on_commit(alias: str, queues: Sequence[str]) -> None:
-    connection = connections[alias]
-    dialect = dialect_for(connection)
-    if dialect.supports_notify:
-        dialect.notify(queues)
-    transaction.on_commit(lambda: wakeup.notify(queues), using=alias)

@@ -121,7 +121,7 @@ class Executor:
             return self.record(job, ctx, None, None, errors)
         ctx.start()
         connection = self._connection()
-        self._local.before_handler = (len(connection.atomic_blocks), connection.connection is None or connection.autocommit)
+        self._local.before_handler = transaction_state(connection)
         definition = registry.get(job.name)
         result: Any = None
         failure: Failure | None = None
@@ -158,10 +158,7 @@ class Executor:
                 job.name,
             )
             return ABANDONED
-        connection = self._connection()
-        before = getattr(self._local, "before_handler", (0, True))
-        if len(connection.atomic_blocks) != before[0] or not (connection.connection is None or connection.autocommit):
-            reclaim_connection(connection, before)
+        reclaim_connection(self._connection(), getattr(self._local, "before_handler", (0, True)))
         hooks.jitter("outcome")
         if self.hooks_enabled:
             hooks.reach("before_complete", job.id)
@@ -407,10 +404,9 @@ class Executor:
     def _wake(self, queue: str) -> None:
         """Tell idle workers, here and in other processes, that a job of ``queue`` is due now."""
         try:
-            self.store.retrying("wake", lambda d: d.notify([queue]), give_up_after_s=1.0)
+            self.store.retrying("wake", lambda d: wakeup.wake_on_commit(self.store.alias, [queue]), give_up_after_s=1.0)
         except Exception:
             logger.debug("durq: could not wake other workers for queue %r", queue, exc_info=True)
-        wakeup.notify([queue])
 
     def _entry(self, attempt: int, failure: Failure, worker: str) -> dict[str, Any]:
         return {

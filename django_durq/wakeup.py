@@ -9,7 +9,7 @@ reconnected) only says "look". Cross-process wake-up
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 Wake = Callable[[bool], None]  # called with True when a notification named the queue
 
@@ -39,3 +39,19 @@ def notify_all() -> None:
         wakes = [wake for wakes in _subscribers.values() for wake in wakes]
     for wake in wakes:
         wake(False)
+
+
+def wake_on_commit(alias: str, queues: Sequence[str]) -> None:
+    """Wake idle workers of ``queues`` once the current transaction commits (at once in autocommit).
+
+    Other processes' workers through the database where it can notify (PostgreSQL), this
+    process's through :func:`notify`; SQLite's and MariaDB's watchers notice commits themselves.
+    """
+    from django.db import connections, transaction
+
+    from .db import dialect_for
+
+    dialect = dialect_for(connections[alias])
+    if dialect.supports_notify:
+        dialect.notify(queues)
+    transaction.on_commit(lambda: notify(queues), using=alias)

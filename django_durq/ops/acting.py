@@ -12,7 +12,7 @@ from functools import partial
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from ..enqueue import _wake_on_commit
+from .. import wakeup
 from ..models import Job, JobQuerySet, Status
 from ..store import Store
 from .reading import alias_of, jobs_on, now_or
@@ -124,7 +124,7 @@ def _retry_batch(batch: list[int], now: int, alias: str, result: RetryResult, _d
             handled.add(job_id)
         queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
         if queues:
-            _wake_on_commit(alias, queues)
+            wakeup.wake_on_commit(alias, queues)
     result.retried.extend(sorted(retried))
     return handled | set(retried)
 

@@ -316,7 +316,7 @@ class Pool:
         try:
             now = runtime.clock.now_ms()
             released = runtime.store.retrying("release", lambda d: d.release(leases, started=False, now_ms=now))
-            runtime.store.retrying("wake", lambda d: d.notify([self.queue]))
+            runtime.store.retrying("wake", lambda d: wakeup.wake_on_commit(runtime.settings.database, [self.queue]))
         except Exception:  # their leases expire; no job is lost
             logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
             released = 0
