@@ -53,20 +53,21 @@ class ManualClock:
 class ServerClock:
     """The database server's clock: measured every ``refresh_s`` seconds, counted on the monotonic clock between.
 
-    ``read_server_ms`` returns the server's time in epoch milliseconds, or None where there is
-    no other host to agree with (SQLite): then this is ``base``. A measurement is placed at the
+    ``read_server_ms`` returns the server's time in epoch milliseconds (a fraction carries the
+    microseconds), or None where there is no other host to agree with (SQLite): then this is
+    ``base``. A measurement is placed at the
     middle of its round trip, so it is off by at most half the round trip (``uncertainty_ms``);
     the monotonic clock then drifts from the server's by what NTP slews, a few ms a minute at
     most. When the server cannot be read, the last measurement goes on counting.
     """
 
-    def __init__(self, read_server_ms: Callable[[], int | None], base: Clock | None = None, refresh_s: float = 30.0) -> None:
+    def __init__(self, read_server_ms: Callable[[], float | None], base: Clock | None = None, refresh_s: float = 30.0) -> None:
         self._read = read_server_ms
         self.base = base or SystemClock()
         self.refresh_s = refresh_s
         self.uncertainty_ms = 0.0
         self.offset_ms = 0  # the server's clock minus this host's, at the last measurement
-        self._anchor: tuple[int, int] | None = None  # (server ms, monotonic ns) of the last measurement
+        self._anchor: tuple[float, int] | None = None  # (server ms, monotonic ns) of the last measurement
         self._measured_ns = 0
         self._measured_once = False
         self._lock = threading.Lock()
@@ -77,7 +78,7 @@ class ServerClock:
         anchor = self._anchor
         if anchor is None:
             return self.base.now_ms()
-        return anchor[0] + (time.monotonic_ns() - anchor[1]) // 1_000_000
+        return int(anchor[0] + (time.monotonic_ns() - anchor[1]) / 1_000_000)
 
     def measure(self, quiet: bool = False) -> None:
         """Read the server's clock now; with ``quiet``, a failure keeps the last measurement."""
@@ -98,7 +99,7 @@ class ServerClock:
             middle = (before + after) // 2
             self._anchor = (server, middle)
             self.uncertainty_ms = (after - before) / 2e6
-            self.offset_ms = server - self.base.now_ms() + (time.monotonic_ns() - middle) // 1_000_000
+            self.offset_ms = round(server - self.base.now_ms() + (time.monotonic_ns() - middle) / 1_000_000)
 
 
 class ShiftedClock:

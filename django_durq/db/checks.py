@@ -101,13 +101,18 @@ def sqlite_setup_warnings(settings_dict: dict[str, Any]) -> list[tuple[str, str,
     return warnings
 
 
-def database_now_ms(connection: BaseDatabaseWrapper) -> int | None:
-    """The database server's clock, for skew checks; None where the database shares our host."""
+def database_now_ms(connection: BaseDatabaseWrapper) -> float | None:
+    """The database server's clock in epoch milliseconds, to the microsecond; None where the database shares our host.
+
+    Microseconds, not whole milliseconds: every process places its own reading of this clock, so
+    a rounding to the millisecond would put two processes up to a millisecond apart, and a job
+    queued by one would look not yet due to another that claims it a moment later.
+    """
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint")
+            cursor.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp()) * 1000")
         elif connection.vendor == "mysql":
-            cursor.execute("SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)")
+            cursor.execute("SELECT UNIX_TIMESTAMP(NOW(6)) * 1000")
         else:
             return None
-        return int(cursor.fetchone()[0])
+        return float(cursor.fetchone()[0])
