@@ -61,6 +61,8 @@ class ServerClock:
     most. When the server cannot be read, the last measurement goes on counting.
     """
 
+    READINGS = 3
+
     def __init__(self, read_server_ms: Callable[[], float | None], base: Clock | None = None, refresh_s: float = 30.0) -> None:
         self._read = read_server_ms
         self.base = base or SystemClock()
@@ -81,24 +83,35 @@ class ServerClock:
         return int(anchor[0] + (time.monotonic_ns() - anchor[1]) / 1_000_000)
 
     def measure(self, quiet: bool = False) -> None:
-        """Read the server's clock now; with ``quiet``, a failure keeps the last measurement."""
+        """Read the server's clock now; with ``quiet``, a failure keeps the last measurement.
+
+        Of ``READINGS`` readings the one with the shortest round trip is kept: a reading is placed
+        at the middle of its round trip, and the first may also have opened the connection (a few
+        milliseconds in which the server's time was read only at the end), which would put this
+        process's clock ahead of every other's by half of that.
+        """
         with self._lock:
             self._measured_ns = time.monotonic_ns()
             self._measured_once = True
-            before = time.monotonic_ns()
-            try:
-                server = self._read()
-            except Exception:
-                if quiet:
+            best: tuple[int, float, int] | None = None  # (round trip ns, server ms, middle ns)
+            for _ in range(self.READINGS):
+                before = time.monotonic_ns()
+                try:
+                    server = self._read()
+                except Exception:
+                    if quiet:
+                        return
+                    raise
+                after = time.monotonic_ns()
+                if server is None:
+                    self._anchor = None
                     return
-                raise
-            after = time.monotonic_ns()
-            if server is None:
-                self._anchor = None
-                return
-            middle = (before + after) // 2
+                if best is None or after - before < best[0]:
+                    best = (after - before, server, (before + after) // 2)
+            assert best is not None
+            round_trip, server, middle = best
             self._anchor = (server, middle)
-            self.uncertainty_ms = (after - before) / 2e6
+            self.uncertainty_ms = round_trip / 2e6
             self.offset_ms = round(server - self.base.now_ms() + (time.monotonic_ns() - middle) / 1_000_000)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import pytest
@@ -155,6 +156,38 @@ def test_clock_skew_against_the_database_is_reported_and_corrected(caplog):
     with caplog.at_level(logging.WARNING, logger="django_durq"):
         Supervisor({"default": 1}, get_settings(), clock=database_clock())._report_clock()
     assert caplog.text == ""
+
+
+def test_a_clock_reading_that_also_opened_the_connection_does_not_put_this_process_ahead():
+    """The first reading waits 40 ms (connecting) and reads the server's clock only at its end."""
+    from django_durq.clock import ServerClock
+
+    readings = iter([0.04, 0.0, 0.0, 0.04, 0.0, 0.0])
+
+    def connect_then_read() -> float:
+        time.sleep(next(readings))
+        return time.time_ns() / 1e6  # this host's clock stands in for the server's: they agree
+
+    clock = ServerClock(connect_then_read)
+    for _ in range(2):
+        clock.measure()
+        assert abs(clock.now_ms() - SystemClock().now_ms()) <= 2
+        assert abs(clock.offset_ms) <= 2 and clock.uncertainty_ms < 5
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(db_vendor() == "sqlite", reason="SQLite shares the worker's host and clock")
+def test_processes_on_one_host_read_the_same_time_from_the_server_to_the_millisecond():
+    """A job queued by one process is due at once for another: both read the server within a millisecond."""
+    from django.db import connection
+
+    offsets = []
+    for _ in range(5):
+        connection.close()  # each measurement starts by opening the connection, as a new process does
+        clock = database_clock()
+        clock.now_ms()
+        offsets.append(clock.offset_ms)  # the server's clock minus this host's: the same clock here
+    assert max(abs(offset) for offset in offsets) <= 1, offsets
 
 
 @pytest.mark.parametrize(
