@@ -8,6 +8,7 @@
 - Jobs claimed ahead never wait behind a long job while another worker is idle.
 - Every stop the worker decides itself reaches ``should_stop()``; hand-backs are bounded.
 - Recording an outcome cannot be lost to a bad ``Retry`` or to a transaction a handler left open.
+- A finished job's completion waits at most the hold plus the write in progress, under load too.
 
 Process tests use the fault suite's short settings (lease 2 s, heartbeat 0.5 s, poll 0.25 s).
 """
@@ -15,20 +16,23 @@ Process tests use the fault suite's short settings (lease 2 s, heartbeat 0.5 s, 
 from __future__ import annotations
 
 import signal
+import sqlite3
 import threading
+import time
 
 import pytest
+from django.db import connection
 
 from django_durq import ops
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.context import JobContext
 from django_durq.executor import Executor
-from django_durq.models import Job
+from django_durq.models import Job, QueueStat
 from django_durq.store import Store
 from django_durq.testing import drain
 from tests.conftest import wait_until
-from tests.faults.conftest import POLL_S, one_leg
+from tests.faults.conftest import POLL_S, one_leg, only_on, sqlite_path
 from tests.ledger import jobs
 from tests.ledger.models import Effect
 
@@ -164,6 +168,57 @@ def test_jobs_claimed_ahead_do_not_wait_behind_a_long_job_while_another_worker_i
     wait_until(lambda: Effect.objects.filter(tag="short").count() == len(short), 60, "the short jobs")
     assert not effects(long.pk), first.output()  # all ran while the long job still ran
     assert not Job.objects.filter(pk__in=[j.pk for j in short], attempts__gt=1).exists()
+
+
+@pytest.mark.processes
+@only_on("sqlite")
+@pytest.mark.parametrize("finished", ["kept", "deleted"])
+def test_finished_jobs_held_behind_a_long_write_are_recorded_at_once_when_it_ends(faults, tmp_path, finished):
+    """The completion window holds under load: hold plus the write in progress, never a lock-sharing gap.
+
+    Another connection writes every 20 ms (a web app), so the worker shares SQLite's write lock.
+    The test then holds that lock for 2 s: the worker's write in progress waits, its slot runs the
+    buffered jobs meanwhile, and their completions pile up in memory. Once the lock is free they
+    are overdue, so they are written at once rather than after a pause as long as the blocked write.
+    """
+    log = tmp_path / "ended.log"
+    jobs.nap.enqueue_many([{"log": str(log)} for _ in range(5_000)])  # 2 ms each: about 10 s for one slot
+    env = {"DURQ_TEST_LEASE": "30", "DURQ_TEST_HEARTBEAT": "5"}
+    if finished == "deleted":
+        env["DURQ_TEST_KEEP_FINISHED"] = ""  # the suite's 0
+    worker = faults.spawn_ready("--queue", "default:1", env=env)
+    wait_until(lambda: log.exists() and log.read_text().count("\n") >= 300, 60, "the drain to be under way")
+    stop_writing = threading.Event()
+
+    def web_app() -> None:
+        try:
+            while not stop_writing.wait(0.02):
+                QueueStat.objects.create(queue="web", minute_ms=time.time_ns())
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=web_app)
+    writer.start()
+    try:
+        time.sleep(0.5)
+        lock = sqlite3.connect(sqlite_path(), isolation_level=None, timeout=30)
+        lock.execute("BEGIN IMMEDIATE")
+        held_ms = time.time_ns() // 1_000_000
+        time.sleep(2.0)
+        lock.execute("INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES ('lock', 0, 0, 0, 0)")
+        lock.execute("COMMIT")
+        released_ms = time.time_ns() // 1_000_000
+        lock.close()
+        time.sleep(0.5)
+        unrecorded = set(Job.objects.filter(status="running").values_list("id", flat=True))
+        ended = dict(tuple(map(int, line.split())) for line in log.read_text().splitlines())
+    finally:
+        stop_writing.set()
+        writer.join()
+    during_hold = [job_id for job_id, at in ended.items() if held_ms < at <= released_ms]
+    held = [job_id for job_id, at in ended.items() if at <= released_ms and job_id in unrecorded]
+    assert len(during_hold) >= 2, worker.output()  # jobs did finish while no completion could be written
+    assert not held, f"{len(held)} jobs that returned before the lock was freed were still unrecorded 0.5 s later"
 
 
 @pytest.mark.processes

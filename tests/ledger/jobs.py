@@ -21,6 +21,18 @@ def noop(ctx, **kwargs):
     return None
 
 
+@job(name="tests.nap")
+def nap(ctx, seconds=0.002, log=""):
+    """A short job that writes nothing to the database: its completion is the only write it causes.
+
+    With ``log``, appends "<job id> <epoch ms>" to that file as it returns.
+    """
+    time.sleep(seconds)
+    if log:
+        with open(log, "a") as ended:
+            ended.write(f"{ctx.job_id} {time.time_ns() // 1_000_000}\n")
+
+
 @job(name="tests.effect")
 def effect(ctx, tag="", sleep=0.0):
     if sleep:
