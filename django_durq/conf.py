@@ -17,6 +17,11 @@ from .backoff import Backoff
 from .clock import seconds_to_ms
 
 DEFAULT_QUEUE = "default"
+# How long finished jobs stay visible (admin, ``manage.py durq``) unless KEEP_FINISHED says
+# otherwise, so "did my job run, when, for how long" has an answer. An hour of history is at most
+# 1,000,000 rows up to ~280 jobs/s sustained, the size at which docs/benchmarks.md measures the
+# claim and the drain; busier queues set a shorter window (docs/cron.md, "Retention").
+DEFAULT_KEEP_FINISHED_MS = 3600 * 1000
 # How long finished jobs are kept when a TASKS backend reads results from them and KEEP_FINISHED
 # is not set: a day covers a result read back by the next request, a retried page or a daily report.
 TASK_RESULTS_KEEP_MS = 24 * 3600 * 1000
@@ -57,7 +62,7 @@ class DurqSettings:
     max_attempts: int = 5
     backoff: Backoff = field(default_factory=Backoff)
     max_payload_bytes: int = 1_048_576
-    keep_finished_ms: int = 0
+    keep_finished_ms: int = DEFAULT_KEEP_FINISHED_MS
     keep_dead_ms: int | None = None
     shutdown_grace_ms: int = 30_000
     timeout_ms: int | None = None
@@ -149,7 +154,7 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
     """A :class:`DurqSettings` from the raw ``DURQ`` value, with every problem recorded.
 
     ``results_read``: a task backend reads results from finished jobs, so unless ``KEEP_FINISHED``
-    says otherwise they are kept for ``TASK_RESULTS_KEEP_MS`` rather than deleted at once.
+    says otherwise they are kept for ``TASK_RESULTS_KEEP_MS`` rather than ``DEFAULT_KEEP_FINISHED_MS``.
     """
     if raw is None:
         raw = {}
@@ -179,7 +184,8 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
     poll_ms = p.duration_ms("POLL_INTERVAL", defaults.poll_interval_ms, minimum_ms=10)
     grace_ms = p.duration_ms("SHUTDOWN_GRACE", defaults.shutdown_grace_ms, minimum_ms=0)
     timeout_ms = p.duration_ms("TIMEOUT", None, allow_none=True)
-    keep_finished_ms = p.duration_ms("KEEP_FINISHED", TASK_RESULTS_KEEP_MS if results_read else 0, minimum_ms=0)
+    keep_finished_default = TASK_RESULTS_KEEP_MS if results_read else DEFAULT_KEEP_FINISHED_MS
+    keep_finished_ms = p.duration_ms("KEEP_FINISHED", keep_finished_default, minimum_ms=0)
     keep_dead_ms = p.duration_ms("KEEP_DEAD", None, allow_none=True, minimum_ms=0)
     prefetch_ms = p.duration_ms("PREFETCH", defaults.prefetch_ms_default, minimum_ms=0)
     max_attempts = p.positive_int(raw, "MAX_ATTEMPTS", defaults.max_attempts, 'DURQ["MAX_ATTEMPTS"]')

@@ -137,6 +137,9 @@ def test_the_quickstart_from_an_empty_directory_to_a_dead_letter_in_the_admin(py
     worked = newcomer.outputs["durq_worker --burst"]
     assert "1 jobs in" in worked and "finished" in worked, worked
     assert "Subject: Welcome" in worked and "Hello ada!" in worked, worked
+    shown = newcomer.outputs["durq show 1"]  # the welcome mail's job, kept as history by default
+    assert shown.startswith("Job 1 (accounts.jobs.") and ": finished\n" in shown and ", after " in shown, shown
+    assert "finished" in newcomer.outputs["durq recent"], newcomer.outputs["durq recent"]
 
     jobs = tmp_path / "accounts" / "jobs.py"
     jobs.write_text(jobs.read_text() + FAILING_JOB)

@@ -1,4 +1,4 @@
-"""Operating the queue: list dead letters, retry, purge, cancel, and per-queue stats.
+"""Operating the queue: list dead letters and recent jobs, retry, purge, cancel, and per-queue stats.
 
 The admin actions, the ``durq`` management command and the monitoring views are thin callers of
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
@@ -9,10 +9,11 @@ are all here.
 
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
 from .formatting import format_age, local_time
-from .reading import LIVE_HEARTBEATS, failed, live_workers, queue_names, worker_queues
+from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
 
 __all__ = [
+    "ENDED",
     "LIVE_HEARTBEATS",
     "RETRYABLE",
     "Bucket",
@@ -25,10 +26,12 @@ __all__ = [
     "failed",
     "format_age",
     "health",
+    "jobs_by_id",
     "live_workers",
     "local_time",
     "purge",
     "queue_names",
+    "recent",
     "retry",
     "retry_failed",
     "stats",

@@ -37,6 +37,25 @@ def failed(*, queue: str | None = None, limit: int = 50, using: str | None = Non
     return list(jobs.order_by("-finished_ms", "-id")[:limit])
 
 
+ENDED = (Status.FINISHED, Status.DEAD, Status.CANCELLED)
+
+
+def recent(*, queue: str | None = None, limit: int = 50, using: str | None = None) -> list[Job]:
+    """Jobs that ended (finished, dead or cancelled), most recent first.
+
+    Finished jobs are here while retention keeps them (``KEEP_FINISHED``, an hour by default).
+    """
+    jobs = jobs_on(alias_of(using)).filter(status__in=ENDED, finished_ms__isnull=False)
+    if queue is not None:
+        jobs = jobs.filter(queue=queue)
+    return list(jobs.order_by("-finished_ms", "-id")[:limit])
+
+
+def jobs_by_id(ids: list[int], *, using: str | None = None) -> dict[int, Job]:
+    """The jobs with these ids that still exist, by id."""
+    return {job.pk: job for job in jobs_on(alias_of(using)).filter(pk__in=ids)}
+
+
 def queue_names(using: str | None = None) -> list[str]:
     """Queues in settings, in the registry, or holding rows; found by index seeks, not DISTINCT.
 

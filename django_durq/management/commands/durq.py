@@ -1,4 +1,4 @@
-"""``manage.py durq stats|failed|retry|purge|cancel``: operate the queue from the shell.
+"""``manage.py durq stats|show|recent|failed|retry|purge|cancel|schedules``: operate the queue from the shell.
 
 Thin: arguments are checked at the edge (a bad one exits with status 2 and one line saying
 why), then :mod:`django_durq.ops` does the work. A retry or cancel that leaves some of the
@@ -17,6 +17,8 @@ from django.utils.translation import ngettext
 
 from ... import ops
 from ...clock import ms_to_datetime, now_ms
+from ...conf import get_settings
+from ...models import Job
 
 USAGE_ERROR = 2
 NOT_ALL_DONE = 1
@@ -67,17 +69,29 @@ def queue_name(text: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Operate the queue: stats, failed, retry, purge, cancel, schedules."
+    help = "Operate the queue: stats, show, recent, failed, retry, purge, cancel, schedules."
     requires_system_checks: list[str] = []  # an operator needs these most when something is wrong
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.error = OneLineParser.error.__get__(parser)  # type: ignore[method-assign]
         commands = parser.add_subparsers(
-            dest="action", required=True, metavar="{stats,failed,retry,purge,cancel,schedules}", parser_class=OneLineParser
+            dest="action",
+            required=True,
+            metavar="{stats,show,recent,failed,retry,purge,cancel,schedules}",
+            parser_class=OneLineParser,
         )
 
         stats = commands.add_parser("stats", help="Counts per queue: waiting, delayed, running, dead, oldest wait, throughput.")
         stats.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+        show = commands.add_parser("show", help="Did it run? One job's state, times, duration, result and last error.")
+        show.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Job ids.")
+        show.add_argument("--json", action="store_true", help="Print JSON with every attempt's error.")
+
+        recent = commands.add_parser("recent", help="Jobs that ended (finished, dead, cancelled), most recent first.")
+        recent.add_argument("--queue", type=queue_name, help="Only this queue.")
+        recent.add_argument("--limit", type=positive_int, default=20, help="At most this many (default 20).")
+        recent.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
         failed = commands.add_parser("failed", help="List dead letters, most recent first.")
         failed.add_argument("--queue", type=queue_name, help="Only this queue.")
@@ -144,6 +158,72 @@ class Command(BaseCommand):
             )
         self._table(table)
 
+    def do_show(self, options: dict[str, Any]) -> None:
+        ids: list[int] = list(dict.fromkeys(options["ids"]))
+        found = ops.jobs_by_id(ids)
+        if options["json"]:
+            self.stdout.write(json.dumps([_job_dict(found[i]) for i in ids if i in found], indent=2, ensure_ascii=False))
+        else:
+            for index, job in enumerate(found[i] for i in ids if i in found):
+                if index:
+                    self.stdout.write("")
+                self._show(job)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            keep = get_settings().keep_finished_ms
+            kept = f"finished jobs are kept for {ops.format_age(keep)} (KEEP_FINISHED)" if keep else "KEEP_FINISHED is 0"
+            for job_id_ in missing:
+                self.stderr.write(f"Job {job_id_}: no such job: it never existed, or it ended and was removed ({kept}).")
+            raise CommandError(
+                ngettext("%(count)d job not found", "%(count)d jobs not found", len(missing)) % {"count": len(missing)},
+                returncode=NOT_ALL_DONE,
+            )
+
+    def _show(self, job: Job) -> None:
+        took = _took_s(job)
+        lines = [
+            f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.status}",
+            f"  created   {ops.local_time(job.created_ms)}",
+            f"  due       {ops.local_time(job.run_at_ms)}",
+            f"  started   {ops.local_time(job.started_ms)} (attempt {job.attempts} of {job.max_attempts})",
+            f"  ended     {ops.local_time(job.finished_ms)}" + (f", after {took:.3f} s" if took is not None else ""),
+        ]
+        if job.result is not None:
+            lines.append(f"  result    {_clip(job.result, 200)}")
+        if job.last_error:
+            lines.append(f"  error     {_clip(_last_error(job), 200)}")
+        for line in lines:
+            self.stdout.write(line)
+
+    def do_recent(self, options: dict[str, Any]) -> None:
+        jobs = ops.recent(queue=options["queue"], limit=options["limit"])
+        if options["json"]:
+            self.stdout.write(json.dumps([_job_dict(job) for job in jobs], indent=2, ensure_ascii=False))
+            return
+        if not jobs:
+            keep = get_settings().keep_finished_ms
+            self.stdout.write(
+                f"No jobs ended in the last {ops.format_age(keep)} (KEEP_FINISHED)." if keep else "No ended jobs kept."
+            )
+            return
+        table = [["ID", "NAME", "QUEUE", "STATUS", "ENDED", "TOOK", "ATTEMPTS", "RESULT / LAST ERROR"]]
+        for job in jobs:
+            took = _took_s(job)
+            outcome = job.result if job.status == "finished" else _last_error(job)
+            table.append(
+                [
+                    str(job.pk),
+                    job.name,
+                    job.queue,
+                    job.status,
+                    ops.local_time(job.finished_ms),
+                    f"{took:.3f} s" if took is not None else "-",
+                    f"{job.attempts}/{job.max_attempts}",
+                    _clip(outcome or "", 60),
+                ]
+            )
+        self._table(table)
+
     def do_failed(self, options: dict[str, Any]) -> None:
         jobs = ops.failed(queue=options["queue"], limit=options["limit"])
         if options["json"]:
@@ -167,9 +247,6 @@ class Command(BaseCommand):
             return
         table = [["ID", "NAME", "QUEUE", "ATTEMPTS", "DIED", "LAST ERROR"]]
         for job in jobs:
-            error = job.last_error or {}
-            message = f"{error['type']}: " if error.get("type") else ""
-            message = " ".join((message + str(error.get("message", ""))).split())
             table.append(
                 [
                     str(job.pk),
@@ -177,7 +254,7 @@ class Command(BaseCommand):
                     job.queue,
                     f"{job.attempts}/{job.max_attempts}",
                     ops.local_time(job.finished_ms),
-                    message[:80],
+                    _clip(_last_error(job), 80),
                 ]
             )
         self._table(table)
@@ -245,6 +322,43 @@ def _list(ids: list[int]) -> str:
         return ""
     shown = ", ".join(str(job_id_) for job_id_ in ids[:20])
     return f" ({shown}{', …' if len(ids) > 20 else ''})"
+
+
+def _took_s(job: Job) -> float | None:
+    """How long the last attempt ran, when it started and ended."""
+    if job.started_ms is None or job.finished_ms is None:
+        return None
+    return max(0, job.finished_ms - job.started_ms) / 1000
+
+
+def _last_error(job: Job) -> str:
+    error = job.last_error or {}
+    message = f"{error['type']}: " if error.get("type") else ""
+    return message + str(error.get("message", ""))
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _job_dict(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "queue": job.queue,
+        "status": job.status,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "created_at": _iso(job.created_ms),
+        "due_at": _iso(job.run_at_ms),
+        "started_at": _iso(job.started_ms),
+        "ended_at": _iso(job.finished_ms),
+        "took_s": _took_s(job),
+        "arguments": json.loads(job.arguments),
+        "result": json.loads(job.result) if job.result is not None else None,
+        "errors": job.error_list,
+    }
 
 
 def _iso(ms: int | None) -> str | None:
