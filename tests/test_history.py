@@ -34,7 +34,7 @@ def test_one_statement_keeps_a_batch_and_skips_a_lease_no_longer_held():
     jobs.noop.enqueue_many([{"n": n} for n in range(3)])
     store = Store(connection.alias)
     claimed = store.claim("default", 3, NOW, "w1")
-    first, second, third = (job.lease for job in claimed)
+    first, second, third = ((job.id, job.claim_token) for job in claimed)
     Job.objects.filter(pk=third[0]).update(claim_token=third[1] + 1)  # taken over: no longer this attempt's
     kept = [(first, NOW + 5, '{"ok": 1}'), (second, NOW + 7, None), (third, NOW + 9, '"late"')]
     assert dialect_for(connection).finish_many(kept) == {first, second}
@@ -59,7 +59,7 @@ def test_a_worker_on_default_settings_leaves_a_trace_that_durq_show_and_recent_r
     first, second = shown.stdout.split("\n\n")
     assert first.splitlines()[0] == f"Job {ran.pk} (tests.fail_until) in queue 'default': finished"
     assert "(attempt 1 of 5)" in first and re.search(r"\n  ended     .+, after [0-9]+\.[0-9]{3} s\n", first)
-    assert 'result    {"attempt": 1}' in first
+    assert 'result    {"attempt":1}' in first  # the JSON as stored
     assert second.splitlines()[0] == f"Job {died.pk} (tests.fail) in queue 'default': dead"
     assert "error     ValueError: no such sku" in second
 
