@@ -247,10 +247,10 @@ def test_an_explicit_keep_finished_of_zero_is_still_an_error(settings):
     assert "durq.E101" in [message.id for message in default_task_backend.check()]
 
 
-def test_without_a_tasks_backend_finished_jobs_are_not_kept(settings):
+def test_without_a_tasks_backend_finished_jobs_are_kept_an_hour(settings):
     unset_keep_finished(settings)
     settings.TASKS = {"default": {"BACKEND": f"{FRAMEWORK}.backends.dummy.DummyBackend"}}
-    assert get_settings().keep_finished_ms == 0
+    assert get_settings().keep_finished_ms == 3_600_000  # the history default, not the day results are read for
 
 
 # --- arguments ---------------------------------------------------------------------------------------
