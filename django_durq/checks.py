@@ -19,9 +19,13 @@
 | durq.E016 | DURQ["MODULES"] is not a list of dotted module paths          |
 | durq.E017 | the queue database is MySQL, not MariaDB                      |
 | durq.E020 | the PostgreSQL connection pool is smaller than a worker needs |
+| durq.E021 | DURQ["LISTEN_DATABASE"] is not an alias, or names no configured database |
+| durq.E022 | DURQ["LISTEN_DATABASE"] where the queue or the named database is not PostgreSQL |
+| durq.E023 | prepared statements on a queue database that goes through a transaction pooler |
 | durq.W001 | SQLite is not in WAL mode                                   |
 | durq.W002 | SQLite transactions are not IMMEDIATE                       |
 | durq.W003 | a @job queue that DURQ["QUEUES"] does not name              |
+| durq.W004 | the LISTEN_DATABASE connection does not hear the queue's NOTIFY (--database) |
 | durq.I001 | which claimers the queue's database keeps apart (--deploy)  |
 """
 
@@ -35,7 +39,7 @@ from django.db import connections
 
 from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
-from .db.checks import database_check_problems, sqlite_setup_warnings
+from .db.checks import database_check_problems, listen_problems, prepares_statements, sqlite_setup_warnings
 from .registry import registry
 from .worker.runtime import connections_needed
 
@@ -88,6 +92,56 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 @register("django_durq")
+def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A ``LISTEN_DATABASE`` other than the queue's own says the queue's goes through a transaction pooler."""
+    settings = get_settings()
+    queue_alias, listen_alias = settings.database, settings.listen_database
+    if listen_alias == queue_alias or queue_alias not in django_settings.DATABASES:
+        return []  # today's behaviour, or durq.E004
+    queue_db = connections[queue_alias]
+    if queue_db.vendor != "postgresql":
+        return [
+            Error(
+                f'DURQ["LISTEN_DATABASE"] is {listen_alias!r}, but the queue database {queue_alias!r} is '
+                f"{queue_db.vendor}: only a worker on PostgreSQL LISTENs for new jobs",
+                hint='Remove DURQ["LISTEN_DATABASE"].',
+                id="durq.E022",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    if listen_alias is not None and listen_alias not in django_settings.DATABASES:
+        messages.append(
+            Error(
+                f'DURQ["LISTEN_DATABASE"] is {listen_alias!r}, which is not in DATABASES',
+                hint=f"Add a database that connects straight to the PostgreSQL server of {queue_alias!r}, not "
+                f"through the pooler, or use one of: {', '.join(django_settings.DATABASES)}; None polls only.",
+                id="durq.E021",
+            )
+        )
+    elif listen_alias is not None and connections[listen_alias].vendor != "postgresql":
+        messages.append(
+            Error(
+                f'DURQ["LISTEN_DATABASE"] is {listen_alias!r}, a {connections[listen_alias].vendor} database; '
+                f"workers LISTEN there for the NOTIFY of each enqueue into {queue_alias!r}, on PostgreSQL",
+                hint=f"Point it at the PostgreSQL server and database of {queue_alias!r}, not through the pooler.",
+                id="durq.E022",
+            )
+        )
+    if prepares_statements(queue_db.settings_dict):
+        messages.append(
+            Error(
+                f"database {queue_alias!r} prepares statements (OPTIONS server_side_binding and prepare_threshold), "
+                'but DURQ["LISTEN_DATABASE"] says it goes through a transaction pooler, which runs each '
+                "transaction on any of its server connections: a statement prepared on one is missing on the next",
+                hint=f'Remove "prepare_threshold" from the OPTIONS of {queue_alias!r}. If the pooler is PgBouncer '
+                "1.21 or newer with max_prepared_statements set, it carries them: silence durq.E023.",
+                id="durq.E023",
+            )
+        )
+    return messages
+
+
+@register("django_durq")
 def check_queues(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """A job on a queue the settings do not name waits for ever under a plain ``durq_worker``."""
     configured = set(get_settings().queues)
@@ -130,8 +184,20 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
     settings = get_settings()
     if not databases or settings.database not in databases or settings.database not in django_settings.DATABASES:
         return []
-    problems = database_check_problems(connections[settings.database], for_worker=False)
-    return [Error(problem.message, hint=problem.hint or None, id=problem.id) for problem in problems]
+    queue_db = connections[settings.database]
+    problems = database_check_problems(queue_db, for_worker=False)
+    messages: list[CheckMessage] = [Error(problem.message, hint=problem.hint or None, id=problem.id) for problem in problems]
+    listen_alias = settings.listen_database
+    if (
+        not problems
+        and listen_alias is not None
+        and listen_alias != settings.database
+        and listen_alias in django_settings.DATABASES
+        and queue_db.vendor == connections[listen_alias].vendor == "postgresql"
+    ):
+        # Only a database can tell whether the direct connection reaches the queue's database.
+        messages += [Warning(p.message, hint=p.hint, id=p.id) for p in listen_problems(queue_db, connections[listen_alias])]
+    return messages
 
 
 @register("django_durq")

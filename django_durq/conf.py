@@ -55,6 +55,10 @@ class MonitoringSettings:
 @dataclass(frozen=True)
 class DurqSettings:
     database: str = "default"
+    # The alias a PostgreSQL worker LISTENs on for enqueues: the queue's own database unless
+    # DURQ["LISTEN_DATABASE"] names a direct connection (the queue's goes through a transaction
+    # pooler); None when it names none, and idle workers find new jobs by polling alone.
+    listen_database: str | None = "default"
     queues: dict[str, QueueSettings] = field(default_factory=lambda: {DEFAULT_QUEUE: QueueSettings()})
     lease_ms: int = 60_000
     heartbeat_interval_ms: int = 10_000
@@ -85,6 +89,7 @@ class DurqSettings:
 
 KNOWN_KEYS = {
     "DATABASE",
+    "LISTEN_DATABASE",
     "QUEUES",
     "LEASE",
     "HEARTBEAT_INTERVAL",
@@ -170,6 +175,14 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
     if not isinstance(database, str):
         p.problem("durq.E004", f'DURQ["DATABASE"] is {database!r}; expected a database alias', 'Write "default".')
         database = "default"
+    listen_database = raw.get("LISTEN_DATABASE", database)
+    if listen_database is not None and not isinstance(listen_database, str):
+        p.problem(
+            "durq.E021",
+            f'DURQ["LISTEN_DATABASE"] is {listen_database!r}; expected a database alias or None',
+            'Write the alias of a connection straight to PostgreSQL, for example "direct", or None to poll only.',
+        )
+        listen_database = database
 
     defaults = DurqSettings()
     lease_ms = p.duration_ms("LEASE", defaults.lease_ms)
@@ -204,6 +217,7 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
     modules = _parse_modules(p, raw.get("MODULES", []))
     return DurqSettings(
         database=database,
+        listen_database=listen_database,
         queues=queues,
         lease_ms=lease_ms,
         heartbeat_interval_ms=heartbeat_ms,

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,3 +144,21 @@ def run_command(*args: str, env: dict[str, str], timeout: float = 120) -> subpro
     return subprocess.run(
         [sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+@contextmanager
+def database_alias(alias: str, settings_dict: dict[str, Any]) -> Iterator[None]:
+    """``alias`` in DATABASES for the block, without ``override_settings(DATABASES=…)``, which Django warns against.
+
+    ``connections.settings`` is ``settings.DATABASES`` itself, each entry with every key filled
+    in: ``settings_dict`` must be complete too (a changed copy of one of them).
+    """
+    from django.db import connections
+
+    connections.settings[alias] = settings_dict
+    try:
+        yield
+    finally:
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]

@@ -89,6 +89,17 @@ elif DB == "postgres":
             "TEST": {"NAME": TEST_DB_NAME},
         }
     }
+    if os.environ.get("DURQ_TEST_PGBOUNCER_PORT"):
+        # The queue goes through PgBouncer in transaction mode (tests/test_pgbouncer.py), which
+        # cannot carry prepared statements or server-side cursors; "direct" reaches the server.
+        DATABASES["direct"] = dict(DATABASES["default"])
+        DATABASES["default"] = {
+            **DATABASES["default"],
+            "HOST": "127.0.0.1",
+            "PORT": os.environ["DURQ_TEST_PGBOUNCER_PORT"],
+            "OPTIONS": {"application_name": "durq-tests"},
+            "DISABLE_SERVER_SIDE_CURSORS": True,
+        }
 elif DB == "mysql":
     DATABASES = {
         "default": {
@@ -113,6 +124,9 @@ DURQ = {
     "SHUTDOWN_GRACE": float(os.environ.get("DURQ_TEST_GRACE", "5")),
     "BACKOFF": {"base": 1, "factor": 2, "max": 60, "jitter": 0.2},
 }
+if "DURQ_TEST_LISTEN_DATABASE" in os.environ:
+    # An alias, or "" for None: no LISTEN, idle workers poll.
+    DURQ["LISTEN_DATABASE"] = os.environ["DURQ_TEST_LISTEN_DATABASE"] or None
 if os.environ.get("DURQ_TEST_HOOKS_DIR"):
     DURQ["TEST_HOOKS_DIR"] = os.environ["DURQ_TEST_HOOKS_DIR"]
 if os.environ.get("DURQ_TEST_PREFETCH"):

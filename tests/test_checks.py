@@ -15,7 +15,7 @@ from django_durq.clock import ShiftedClock, SystemClock, database_clock
 from django_durq.conf import get_settings, parse
 from django_durq.db.checks import sqlite_setup_warnings
 from django_durq.registry import registry
-from tests.conftest import db_vendor, run_command
+from tests.conftest import database_alias, db_vendor, run_command
 
 
 def ids(raw: object) -> list[str]:
@@ -47,6 +47,9 @@ def ids(raw: object) -> list[str]:
         ({"QUEUES": {"video": {"prefetch": -1}}}, ["durq.E002"]),
         ({"PREFETCH": 0, "QUEUES": {"video": {"prefetch": 0.5}}}, []),
         ({"LEASE": timedelta(minutes=5), "HEARTBEAT_INTERVAL": timedelta(seconds=30)}, []),
+        ({"LISTEN_DATABASE": 3}, ["durq.E021"]),
+        ({"LISTEN_DATABASE": "direct"}, []),
+        ({"LISTEN_DATABASE": None}, []),
     ],
 )
 def test_bad_settings_have_stable_ids(raw, expected):
@@ -130,6 +133,69 @@ def test_a_pool_too_small_for_the_worker_is_an_error(settings):
         assert "max_size 3" in error.msg and "holds up to 14 connections" in error.msg
     finally:
         connection.settings_dict["OPTIONS"] = options
+
+
+def test_listen_database_defaults_to_the_queue_database():
+    assert parse({"DATABASE": "queue"}).listen_database == "queue"
+    assert parse({"DATABASE": "queue", "LISTEN_DATABASE": None}).listen_database is None
+
+
+def listen_problems() -> dict[str, str]:
+    messages = run_checks(tags=["django_durq"])  # Django's own checks would connect to every database
+    return {m.id: f"{m.msg} / {m.hint}" for m in messages if m.id in ("durq.E021", "durq.E022", "durq.E023")}
+
+
+@pytest.mark.skipif(db_vendor() == "postgres", reason="a queue that is not on PostgreSQL")
+def test_listen_database_applies_to_a_postgresql_queue_only(settings):
+    settings.DURQ = {**settings.DURQ, "LISTEN_DATABASE": None}
+    assert "only a worker on PostgreSQL LISTENs" in listen_problems()["durq.E022"]
+
+
+@pytest.mark.skipif(db_vendor() != "postgres", reason="LISTEN is PostgreSQL's")
+def test_listen_database_names_a_postgresql_database(settings):
+    settings.DURQ = {**settings.DURQ, "LISTEN_DATABASE": "direct"}
+    assert "'direct', which is not in DATABASES" in listen_problems()["durq.E021"]
+    with database_alias("direct", {**connection.settings_dict, "ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}):
+        assert "'direct', a sqlite database" in listen_problems()["durq.E022"]
+    with database_alias("direct", dict(connection.settings_dict)):
+        assert not {"durq.E021", "durq.E022"} & set(listen_problems())
+
+
+@pytest.mark.skipif(db_vendor() != "postgres", reason="prepared statements are PostgreSQL's")
+@pytest.mark.parametrize("listen", [None, "direct"])
+def test_prepared_statements_behind_a_transaction_pooler_are_an_error(settings, listen):
+    options = connection.settings_dict["OPTIONS"]
+    bound = {**{key: value for key, value in options.items() if key != "prepare_threshold"}, "server_side_binding": True}
+    prepared = {**bound, "prepare_threshold": 5}
+    try:
+        with database_alias("direct", dict(connection.settings_dict)):
+            connection.settings_dict["OPTIONS"] = prepared
+            settings.DURQ = {**settings.DURQ, "LISTEN_DATABASE": listen}
+            problem = listen_problems()["durq.E023"]
+            assert "prepares statements" in problem and 'Remove "prepare_threshold"' in problem
+            # Without the setting the queue's connection is taken to hold a session: prepared statements are fine.
+            settings.DURQ = {**settings.DURQ, "LISTEN_DATABASE": "default"}
+            assert listen_problems() == {}
+            connection.settings_dict["OPTIONS"] = bound  # Django's default threshold: nothing is prepared
+            settings.DURQ = {**settings.DURQ, "LISTEN_DATABASE": listen}
+            assert listen_problems() == {}
+    finally:
+        connection.settings_dict["OPTIONS"] = options
+
+
+@pytest.mark.skipif(db_vendor() != "postgres", reason="LISTEN is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)  # the probe's NOTIFY must commit
+def test_a_listen_database_that_does_not_hear_the_queue_is_warned_about(settings):
+    settings.DURQ = {**settings.DURQ, "LISTEN_DATABASE": "direct"}
+
+    def warnings() -> list[str]:
+        return [m.msg for m in run_checks(tags=["django_durq"], databases=["default"]) if m.id == "durq.W004"]
+
+    with database_alias("direct", dict(connection.settings_dict)):
+        assert warnings() == []
+    with database_alias("direct", {**connection.settings_dict, "NAME": "test"}):  # another database of the server
+        (warning,) = warnings()
+    assert "'direct' that LISTENs did not hear a NOTIFY sent through 'default'" in warning
 
 
 @pytest.mark.django_db(transaction=True)

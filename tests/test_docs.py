@@ -6,8 +6,8 @@ How a sample is treated depends on its fence and its first line (``docs/README.m
 
   - ``# settings.py`` first: a settings fragment, run in a namespace that starts like a small
     settings module. The ``DURQ`` it defines must parse without a problem, its
-    ``DURQ["DATABASE"]`` must be in ``DATABASES``, and each SQLite database it defines must draw
-    no ``durq`` warning.
+    ``DURQ["DATABASE"]`` and ``DURQ["LISTEN_DATABASE"]`` (unless None) must be in ``DATABASES``,
+    and each SQLite database it defines must draw no ``durq`` warning.
   - ``# app/module.py`` first: that module's code, importable as ``app.module`` by the page's
     later samples; a later block with the same first line continues the same module. Handlers it
     registers are removed after the page.
@@ -140,8 +140,9 @@ def run_settings(block: Block) -> dict[str, Any]:
     if "DURQ" in namespace:
         problems = parse(namespace["DURQ"]).problems
         assert not problems, f"{block.where}: DURQ has problems: {problems}"
-        alias = namespace["DURQ"].get("DATABASE", "default")
-        assert alias in namespace["DATABASES"], f"{block.where}: DURQ['DATABASE'] {alias!r} is not in DATABASES"
+        for key in ("DATABASE", "LISTEN_DATABASE"):
+            alias = namespace["DURQ"].get(key, "default")
+            assert alias is None or alias in namespace["DATABASES"], f"{block.where}: DURQ[{key!r}] {alias!r} is not in DATABASES"
     for alias, database in namespace["DATABASES"].items():
         if database.get("ENGINE") == "django.db.backends.sqlite3" and "OPTIONS" in database:
             warnings = sqlite_setup_warnings(database)

@@ -68,6 +68,11 @@ class ClaimedJob:
 Lease = tuple[int, int]  # (job id, claim token)
 
 
+def own_connection(wrapper: BaseDatabaseWrapper) -> Any:
+    """A driver connection outside Django's handling and its pool, for a session held for good (LISTEN)."""
+    return wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
+
+
 def _fence(leases: Sequence[Lease]) -> tuple[str, list[int]]:
     """``(id = %s AND claim_token = %s) OR …`` for a batch of leases, with its parameters."""
     clause = " OR ".join(["(id = %s AND claim_token = %s)"] * len(leases))

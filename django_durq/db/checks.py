@@ -60,6 +60,29 @@ def database_check_problems(connection: BaseDatabaseWrapper, *, for_worker: bool
     return problems
 
 
+def listen_problems(queue: BaseDatabaseWrapper, listen: BaseDatabaseWrapper) -> list[Problem]:
+    """Why workers would not hear the queue's NOTIFY on ``listen`` (``DURQ["LISTEN_DATABASE"]``); empty when they do."""
+    from .postgresql import PROBE_WAIT_S, hears_notifications
+
+    poll_only = "idle workers would find new jobs only at their poll interval"
+    hint = f'Point DURQ["LISTEN_DATABASE"] at the server and database of {queue.alias!r} directly, not through the pooler.'
+    try:
+        heard = hears_notifications(listen, queue)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        return [Problem("durq.W004", f"cannot LISTEN on database {listen.alias!r} ({error}): {poll_only}", hint)]
+    if heard:
+        return []
+    return [
+        Problem(
+            "durq.W004",
+            f"a session of database {listen.alias!r} that LISTENs did not hear a NOTIFY sent through {queue.alias!r} "
+            f"within {PROBE_WAIT_S:g} s, so they are not the same database, or {listen.alias!r} goes through a "
+            f"transaction pooler too: {poll_only}",
+            hint,
+        )
+    ]
+
+
 def mysql_family_problem(is_mariadb: bool, version: tuple[int, ...]) -> Problem | None:
     """Why a server of Django's ``mysql`` backend cannot hold the queue, or None when it can."""
     found = ".".join(map(str, version))
@@ -99,6 +122,16 @@ def sqlite_setup_warnings(settings_dict: dict[str, Any]) -> list[tuple[str, str,
             )
         )
     return warnings
+
+
+def prepares_statements(settings_dict: dict[str, Any]) -> bool:
+    """psycopg prepares repeated statements on this database's connections (docs/postgresql.md).
+
+    Only server-side binding prepares: Django's default client-side cursors never do, and
+    Django turns ``prepare_threshold`` off unless ``OPTIONS`` sets it.
+    """
+    options = settings_dict.get("OPTIONS") or {}
+    return options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
 
 
 def database_now_ms(connection: BaseDatabaseWrapper) -> float | None:

@@ -6,10 +6,15 @@ another claimer has locked instead of queueing behind it.
 
 from __future__ import annotations
 
+import select
+import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease, own_connection
 
 # A CTE that locks rows is always materialized, so it works as an optimization fence: the
 # planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
@@ -45,6 +50,8 @@ RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 _LOCK_STATES = {"40P01", "40001", "55P03"}
 
 NOTIFY_CHANNEL = "durq"
+# How long the LISTEN probe waits for its own NOTIFY: a direct connection hears it within milliseconds.
+PROBE_WAIT_S = 2.0
 
 # Pairs arrive as arrays, so the statement text is the same for every batch size. A row is
 # running exactly while its lease_expires_ms is set; testing that instead of the status keeps
@@ -107,3 +114,27 @@ class PostgreSQLDialect(Dialect):
         cause = error.__cause__ if error.__cause__ is not None else error
         state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         return state in _LOCK_STATES
+
+
+def hears_notifications(listen: BaseDatabaseWrapper, send: BaseDatabaseWrapper, wait_s: float = PROBE_WAIT_S) -> bool:
+    """Whether a session of ``listen`` that LISTENs hears a NOTIFY committed through ``send``.
+
+    True only when both reach the same database of the same server, and ``listen`` keeps its
+    session (no transaction pooler between). The channel is the probe's own: no worker wakes.
+    """
+    channel = f"durq_probe_{uuid.uuid4().hex}"
+    raw = own_connection(listen)
+    try:
+        raw.autocommit = True
+        raw.cursor().execute(f"LISTEN {channel}")
+        with send.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [channel])
+        if callable(getattr(raw, "notifies", None)):  # psycopg 3
+            return any(True for _ in raw.notifies(timeout=wait_s, stop_after=1))
+        deadline = time.monotonic() + wait_s  # psycopg2
+        while not raw.notifies and time.monotonic() < deadline:
+            select.select([raw], [], [], deadline - time.monotonic())
+            raw.poll()
+        return bool(raw.notifies)
+    finally:
+        raw.close()

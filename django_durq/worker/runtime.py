@@ -20,7 +20,8 @@ from .events import Events
 # Database connections a worker process holds besides one per slot and one per queue's dispatcher:
 # the monitor, the lease keeper, the maintenance runner and the events thread (once a signal
 # receiver uses the database). The main thread closes its own once the worker has started, and
-# the wake-up watcher (PostgreSQL, MariaDB) opens one more outside Django's connection handling.
+# the wake-up watcher (PostgreSQL, MariaDB) opens one more outside Django's connection handling,
+# on PostgreSQL to DURQ["LISTEN_DATABASE"] (the queue's database unless that goes through a pooler).
 SHARED_CONNECTIONS = 4
 
 

@@ -1,8 +1,11 @@
 """Cross-process wake-up: other processes' enqueues kick this process's idle pools at once.
 
 PostgreSQL: a dedicated connection LISTENs; enqueue sends NOTIFY in its transaction, so the
-notification arrives only after commit. SQLite: ``PRAGMA data_version`` changes when another
-connection commits to the file; reading it takes no lock. MariaDB has neither: a
+notification arrives only after commit. It connects to ``DURQ["LISTEN_DATABASE"]``: the
+queue's own database, unless that goes through a transaction pooler, which would hand the
+session holding the LISTEN to other clients between transactions; with None there is no LISTEN
+and idle workers find new jobs at their poll interval. SQLite: ``PRAGMA data_version`` changes
+when another connection commits to the file; reading it takes no lock. MariaDB has neither: a
 connection of the watcher's own reads the newest job ids every ``MYSQL_CHECK_S``: a committed
 enqueue from any host adds one. Ids are handed out when a transaction inserts, not when it
 commits, so a transaction that commits after a later one leaves a gap below the highest id seen;
@@ -23,6 +26,7 @@ from django.db import connections
 
 from .. import wakeup
 from ..db import dialect_for
+from ..db.base import own_connection
 from ..db.mysql import JOB_IDS_ABOVE, NEWEST_JOB, job_ids_among
 from ..db.postgresql import NOTIFY_CHANNEL
 
@@ -38,19 +42,24 @@ MAX_GAPS = 100
 
 
 class Watcher:
-    def __init__(self, alias: str) -> None:
+    def __init__(self, alias: str, listen_alias: str | None) -> None:
         self.alias = alias
+        self.listen_alias = listen_alias  # PostgreSQL only: where to LISTEN, None for nowhere
         self.stopped = threading.Event()
         self.vendor = connections[alias].vendor
         self._thread = threading.Thread(target=self._run, name="durq-watcher", daemon=True)
 
     @property
     def active(self) -> bool:
-        return self.vendor in ("postgresql", "sqlite", "mysql")
+        if self.vendor == "postgresql":
+            return self.listen_alias is not None
+        return self.vendor in ("sqlite", "mysql")
 
     def start(self) -> None:
         if self.active:
             self._thread.start()
+        elif self.vendor == "postgresql":
+            logger.info('durq: DURQ["LISTEN_DATABASE"] is None: idle workers find new jobs at their poll interval')
 
     def stop(self) -> None:
         self.stopped.set()
@@ -85,13 +94,8 @@ class Watcher:
                 last = version
                 wakeup.notify_all()
 
-    def _own_connection(self) -> Any:
-        """A driver connection of the watcher's own, never one from Django's pool: it is held for good."""
-        wrapper = connections[self.alias]
-        return wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
-
     def _watch_mysql(self) -> None:
-        raw = self._own_connection()
+        raw = own_connection(connections[self.alias])
         try:
             raw.autocommit(True)  # every read starts a fresh snapshot
             cursor = raw.cursor()
@@ -112,7 +116,8 @@ class Watcher:
             raw.close()
 
     def _listen_postgresql(self) -> None:
-        raw = self._own_connection()  # it stays in LISTEN for good
+        assert self.listen_alias is not None  # else not active
+        raw = own_connection(connections[self.listen_alias])  # it stays in LISTEN for good
         try:
             raw.autocommit = True
             cursor = raw.cursor()
