@@ -10,6 +10,7 @@ import importlib.util
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "durq-tests-only"
@@ -54,6 +55,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 
 DB = os.environ.get("DURQ_TEST_DB", "sqlite")
+DATABASES: dict[str, dict[str, Any]]
 TEST_DB_NAME = os.environ.get("DURQ_TEST_DB_NAME", f"test_durq_{os.environ.get('USER', 'ci')}")
 IN_USE = os.environ.get("DURQ_TEST_DB_IN_USE")
 
