@@ -27,6 +27,12 @@ def unsubscribe(queue: str, wake: Wake) -> None:
         _subscribers.get(queue, set()).discard(wake)
 
 
+def subscribed() -> list[str]:
+    """The queues that have a pool in this process, sorted."""
+    with _lock:
+        return sorted(queue for queue, wakes in _subscribers.items() if wakes)
+
+
 def notify(queues: Iterable[str]) -> None:
     with _lock:
         wakes = [wake for queue in queues for wake in _subscribers.get(queue, ())]

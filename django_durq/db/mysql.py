@@ -51,6 +51,16 @@ NEWEST_JOB = f"SELECT MAX(id) FROM {JOB}"
 JOB_IDS_ABOVE = f"SELECT id FROM {JOB} WHERE id > %s ORDER BY id LIMIT 1000"
 
 
+def due_queues_among(count: int) -> str:
+    """Which of ``count`` queues have a waiting job due by a time: one index seek each (``durq_job_due``).
+
+    The watcher's second look: a job handed back, retried or put back by an operator becomes due
+    without a new id, and only this sees it.
+    """
+    part = f"(SELECT queue FROM {JOB} WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s LIMIT 1)"
+    return " UNION ALL ".join([part] * count)
+
+
 def job_ids_among(count: int) -> str:
     """Which of ``count`` ids exist: primary-key lookups of the gaps the watcher waits on."""
     return f"SELECT id FROM {JOB} WHERE id IN ({', '.join(['%s'] * count)})"

@@ -9,9 +9,10 @@ when another connection commits to the file; reading it takes no lock. MariaDB h
 connection of the watcher's own reads the newest job ids every ``MYSQL_CHECK_S``: a committed
 enqueue from any host adds one. Ids are handed out when a transaction inserts, not when it
 commits, so a transaction that commits after a later one leaves a gap below the highest id seen;
-the watcher keeps such gaps in view (for ``GAP_S``) and wakes the pools when one fills.
-On any trouble the watcher kicks every pool, so a lost
-notification costs at most one probe, never a job; the poll interval is the last safety net.
+the watcher keeps such gaps in view (for ``GAP_S``) and wakes the pools when one fills. It also
+reads which of its pools' queues have a job due, as a job handed back or retried becomes due
+without a new id. On any trouble the watcher kicks every pool, so a lost notification costs at
+most one probe, never a job; the poll interval is the last safety net.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Any
 from django.db import connections
 
 from .. import wakeup
+from ..clock import now_ms
 from ..db import dialect_for
 from ..db.base import own_connection
-from ..db.mysql import JOB_IDS_ABOVE, NEWEST_JOB, job_ids_among
+from ..db.mysql import JOB_IDS_ABOVE, NEWEST_JOB, due_queues_among, job_ids_among
 from ..db.postgresql import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_durq")
@@ -102,6 +104,7 @@ class Watcher:
             cursor.execute(NEWEST_JOB)
             last = cursor.fetchone()[0] or 0
             gaps = IdGaps(last)
+            due: set[str] = set()
             wakeup.notify_all()  # anything enqueued before we looked
             while not self.stopped.wait(MYSQL_CHECK_S):
                 cursor.execute(JOB_IDS_ABOVE, [gaps.last])
@@ -112,6 +115,16 @@ class Watcher:
                     ids += [row[0] for row in cursor.fetchall()]
                 if gaps.saw(sorted(ids), time.monotonic()):
                     wakeup.notify_all()
+                # A queue that had nothing due and now has: a hand-back, a retry or an operator's
+                # retry made an existing job due (a queue that stays busy needs no wake-up).
+                queues = wakeup.subscribed()
+                if queues:
+                    now = now_ms()
+                    cursor.execute(due_queues_among(len(queues)), [value for queue in queues for value in (queue, now)])
+                    now_due = {row[0] for row in cursor.fetchall()}
+                    if now_due - due:
+                        wakeup.notify(now_due - due)
+                    due = now_due
         finally:
             raw.close()
 
