@@ -6,6 +6,7 @@ of larger servers, and the job table's bloat under autovacuum. Written from the 
 from __future__ import annotations
 
 import itertools
+import statistics
 from typing import Any
 
 from . import render
@@ -13,6 +14,8 @@ from .render import DB_LABEL, Line, median
 
 # A point adds "little" past the knee when doubling the processes gains less than this.
 KNEE_GAIN = 1.10
+# A server CPU per job this much higher at the last point than at the best one is worth a sentence.
+GROWTH = 1.5
 # Cores of the database servers the model is written out for (and this machine's count).
 MODEL_CORES = (8, 16, 32, 64)
 # The model's second column: the server kept at half its CPU, headroom for bursts and vacuum.
@@ -75,6 +78,17 @@ def saturation(lines: list[Line], database: str) -> str:
             f"At that point the machine's CPUs were {busy:.0f}% busy: the workers spent {workers:.3f} ms of CPU per job "
             f"and the server {server:.3f} ms, {total:.3f} ms together, and {cores} cores give at most "
             f"{cores * 1000 / total:,.0f} jobs/s at that cost."
+        )
+    points = render.scaling_points(lines, database)
+    last_processes, last = points[-1]
+    last_server = median(last, "server_cpu_ms_per_job")
+    if server and last_server and last_processes > processes and last_server > server * GROWTH:
+        text.append(
+            f"From {processes} to {last_processes} processes the server's CPU per job grew {last_server / server:.1f}×, "
+            f"to {last_server:.3f} ms, and the claim p50 to {_fmt(median(last, 'claim_p50_ms'), 0)} ms, more than "
+            "sharing the cores explains; likely cause (not measured apart): each claim's locking read passes over "
+            "the rows that the other claimers hold locked, one by one (`SKIP LOCKED`), and each claimer holds "
+            f"a batch of about {_fmt(median(last, 'jobs_per_claim'))}."
         )
     return " ".join(text)
 
@@ -210,6 +224,17 @@ def bloat_section(lines: list[Line], chart: bool) -> list[str]:
     return out
 
 
+def _load_note(lines: list[Line]) -> list[str]:
+    loads = [line["loadavg_before"][0] for line in lines if line["workload"] == "scaling" and line.get("loadavg_before")]
+    if not loads or statistics.median(loads) <= 1.5:
+        return []
+    return [
+        f"> Other work shared the machine while these ran (load column, up to {max(loads):.1f}): absolute figures are "
+        "lower and noisier than on an idle machine; each figure is the median of three repeats, taken in turn.",
+        "",
+    ]
+
+
 def section(lines: list[Line], charts_drawn: list[str]) -> list[str]:
     """The Markdown lines of the section; none when neither workload has results."""
     present = {line["workload"] for line in lines}
@@ -238,6 +263,7 @@ def section(lines: list[Line], charts_drawn: list[str]) -> list[str]:
             *(["![Scaling](img/bench-scaling.png)", ""] if "bench-scaling.png" in charts_drawn else []),
             render.scaling_table(lines),
             "",
+            *_load_note(lines),
             "### Where one server saturates on this machine",
             "",
         ]
@@ -255,8 +281,10 @@ def section(lines: list[Line], charts_drawn: list[str]) -> list[str]:
             "serve only the queue; each job costs the server the CPU it cost here at the best point of the curve "
             "(whole server process, background work included); that cost spreads evenly over cores and stays the "
             "same at every size (no lock or WAL contention beyond what 16 processes showed here); the disk keeps up "
-            "with the commits; handlers take no database time of their own. Then jobs/s = cores × 1,000 / "
-            "(server CPU ms per job).",
+            "with the commits; handlers take no database time of their own; jobs come in batches as large as here "
+            "(a no-op job lets a worker claim ahead as many as it starts in 20 ms, `PREFETCH`: about 200 per claim; "
+            "longer jobs are claimed fewer at a time, and each claim's cost falls on fewer jobs). Then jobs/s = "
+            "cores × 1,000 / (server CPU ms per job).",
             "",
         ]
         for database in ("postgres", "mysql"):
@@ -268,6 +296,15 @@ def section(lines: list[Line], charts_drawn: list[str]) -> list[str]:
             per_claim = median(best[1], "jobs_per_claim") if best else None
             ceiling = _ceiling(lines, database)
             out += [f"**{DB_LABEL[database]}** ({server:.3f} ms of server CPU per job):", "", text, ""]
+            last_processes, last = render.scaling_points(lines, database)[-1]
+            last_server = median(last, "server_cpu_ms_per_job")
+            if best and last_server and last_server > server * GROWTH:
+                out += [
+                    f"On {DB_LABEL[database]} this holds for about as many claiming processes as the best point had "
+                    f"({best[0]}): at {last_processes} each job cost the server {last_server / server:.1f}× as much, so "
+                    "more cores serve more jobs only if they do not come with more claimers.",
+                    "",
+                ]
             if per_claim and ceiling:
                 out += [
                     f"Disk: a worker's claim round (completions and the next claim) is one commit, here "
