@@ -272,6 +272,91 @@ def scale_table(lines: list[Line]) -> str:
     return table(header, rows)
 
 
+def scaling_points(lines: list[Line], database: str) -> list[tuple[int, list[Line]]]:
+    """django-durq's scaling lines on ``database`` by number of worker processes, fewest first."""
+    found: dict[int, list[Line]] = defaultdict(list)
+    for line in lines:
+        if line["workload"] == "scaling" and line["database"] == database and "processes" in line["params"]:
+            found[line["params"]["processes"]].append(line)
+    return sorted(found.items())
+
+
+def scaling_table(lines: list[Line]) -> str:
+    rows = []
+    for database in DB_ORDER:
+        points = scaling_points(lines, database)
+        one = median(points[0][1], "jobs_per_s") if points and points[0][0] == 1 else None
+        for processes, group in points:
+            rate = median(group, "jobs_per_s")
+            rows.append(
+                [
+                    DB_LABEL.get(database, database),
+                    f"{processes} × {group[0]['params'].get('pool')}",
+                    cell(group, "jobs_per_s"),
+                    f"{rate / one:.2f}×" if rate and one else "-",
+                    cell(group, "claim_p50_ms", 2),
+                    cell(group, "claim_p99_ms", 2),
+                    cell(group, "jobs_per_claim", 1),
+                    cell(group, "cpu_ms_per_job", 3),
+                    cell(group, "sessions_cpu_ms_per_job", 3),
+                    cell(group, "server_cpu_ms_per_job", 3),
+                    cell(group, "machine_busy_percent", 0, "%"),
+                    cell(group, "server_connections"),
+                    load_text(group),
+                ]
+            )
+    header = ["database", "processes × pool", "jobs/s", "vs 1 process", "claim p50 ms", "claim p99 ms", "jobs per claim",
+              "workers CPU ms/job", "sessions CPU ms/job", "server CPU ms/job", "CPUs busy", "connections", "load"]  # fmt: skip
+    return table(header, rows)
+
+
+def bloat_variants(lines: list[Line]) -> list[tuple[str, list[Line]]]:
+    """The bloat workload's lines by variant, in the order they ran."""
+    found: dict[str, list[Line]] = {}
+    for line in lines:
+        if line["workload"] == "bloat" and "variant" in line["params"]:
+            found.setdefault(line["params"]["variant"], []).append(line)
+    return list(found.items())
+
+
+def _mb(key: str, stat: str) -> Callable[[Line], float | None]:
+    def pick(row: Line) -> float | None:
+        value = (row["metrics"].get(key) or {}).get(stat)
+        return None if value is None else value / 1_048_576
+
+    return pick
+
+
+def _count(key: str, stat: str) -> Callable[[Line], Any]:
+    return lambda row: (row["metrics"].get(key) or {}).get(stat)
+
+
+def bloat_table(lines: list[Line]) -> str:
+    rows = []
+    for variant, group in bloat_variants(lines):
+
+        def peak_end(stat: str, group: list[Line] = group) -> str:
+            return f"{cell(group, _mb('peak', stat), 1)} / {cell(group, _mb('end', stat), 1)}"
+
+        rows.append(
+            [
+                variant,
+                cell(group, "jobs_per_s"),
+                f"{cell(group, _mb('empty', 'table_bytes'), 2)} / {cell(group, _mb('empty', 'indexes_bytes'), 2)}",
+                peak_end("table_bytes"),
+                peak_end("indexes_bytes"),
+                peak_end("claim_index_bytes"),
+                cell(group, _count("peak", "dead_rows")),
+                cell(group, _count("end", "autovacuums")),
+                cell(group, "claim_p50_ms", 2),
+                cell(group, "claim_p99_ms", 2),
+            ]
+        )
+    header = ["autovacuum", "jobs/s", "empty: table / indexes MB", "table MB, peak / end", "indexes MB, peak / end",
+              "claim index MB, peak / end", "dead rows, peak", "autovacuums", "claim p50 ms", "claim p99 ms"]  # fmt: skip
+    return table(header, rows)
+
+
 def skipped(lines: list[Line]) -> list[str]:
     notes = []
     for line in lines:
@@ -299,6 +384,10 @@ def text_summary(lines: list[Line]) -> str:
         parts += ["Ceiling", ceiling_table(lines)]
     if "scale" in present:
         parts += ["Scale (django-durq)", scale_table(lines)]
+    if "scaling" in present:
+        parts += ["Scaling: worker processes on one database (django-durq)", scaling_table(lines)]
+    if "bloat" in present:
+        parts += ["Bloat of durq_job on PostgreSQL", bloat_table(lines)]
     notes = skipped(lines)
     if notes:
         parts += ["Skipped", "\n".join(notes)]

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from . import render
+from . import render, report_scaling
 from .render import DB_LABEL, Line, groups, median
 
 COLORS = {
@@ -292,6 +292,7 @@ def charts(lines: list[Line], img: Path) -> list[str]:
         fig.savefig(img / "bench-enqueue.png", dpi=110)
         plt.close(fig)
         written.append("bench-enqueue.png")
+    written += report_scaling.charts(lines, img, plt)
     return written
 
 
@@ -410,6 +411,7 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         out += ["## Ceiling: the databases' own commit rate", "", render.ceiling_table(lines), ""]
     if "scale" in present:
         out += ["## Scale", "", render.scale_table(lines), ""]
+    out += report_scaling.section(lines, written)
     if "profile" in present:
         out += ["## Where django-durq's worker spends a job", "", profile_section(lines)]
         findings = render.REPO / "benchmarks" / "profile-findings.md"

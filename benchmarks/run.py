@@ -45,6 +45,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", help="drain concurrencies, comma-separated (default 1,4)")
     parser.add_argument("--memory-jobs", type=int, help="jobs for the memory workload (default 100000)")
     parser.add_argument("--scale-rows", type=int, help="finished + dead rows for the scale workload (default 1000000)")
+    parser.add_argument("--scaling-jobs", type=int, help="jobs per point of the scaling workload (default 100000)")
+    parser.add_argument("--bloat-jobs", type=int, help="jobs through the table in the bloat workload (default 1000000)")
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window of the latency workload (default 60)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, small counts, short windows")
     parser.add_argument("--publish", action="store_true", help="merge into results/latest.jsonl and render docs")
@@ -61,6 +63,8 @@ def options_from(args: argparse.Namespace) -> Options:
         options.idle_seconds = 10
         options.memory_jobs = 20_000
         options.scale_rows = 100_000
+        options.scaling_jobs = 5_000
+        options.bloat_jobs = 50_000
         options.coexist_seconds = 5
     if args.repeats:
         options.repeats = args.repeats
@@ -70,6 +74,10 @@ def options_from(args: argparse.Namespace) -> Options:
         options.memory_jobs = args.memory_jobs
     if args.scale_rows:
         options.scale_rows = args.scale_rows
+    if args.scaling_jobs:
+        options.scaling_jobs = args.scaling_jobs
+    if args.bloat_jobs:
+        options.bloat_jobs = args.bloat_jobs
     if args.idle_seconds is not None:
         options.idle_seconds = args.idle_seconds
     if args.concurrency:

@@ -35,18 +35,22 @@ MYSQL = {
 }
 
 
-def psql(sql: str, database: str = "postgres") -> str:
+def psql(sql: str, database: str = "postgres", port: str | None = None) -> str:
+    """Run ``sql`` with psql; ``port`` names a server of the harness's own (see ``core/pg_server.py``)."""
     env = {**os.environ, "PGPASSWORD": PG["password"]}
-    command = ["psql", "-X", "-q", "-At", "-h", PG["host"], "-p", PG["port"], "-U", PG["user"], "-d", database, "-c", sql]
+    where = ["-h", PG["host"], "-p", port or PG["port"]]
+    command = ["psql", "-X", "-q", "-At", *where, "-U", PG["user"], "-d", database, "-c", sql]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"psql: {done.stderr.strip()}")
     return done.stdout
 
 
-def mariadb(sql: str) -> str:
+def mariadb(sql: str, database: str | None = None) -> str:
     client = shutil.which("mariadb") or shutil.which("mysql") or "mariadb"
     command = [client, "-h", MYSQL["host"], "-P", MYSQL["port"], "-u", MYSQL["user"], "-N", "-B", "-e", sql]
+    if database:
+        command[1:1] = ["-D", database]
     if MYSQL["password"]:
         command.insert(1, f"-p{MYSQL['password']}")
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -71,16 +75,30 @@ def available(kind: str) -> str | None:
 class Database:
     kind: str  # sqlite, postgres, mysql, redis
     name: str  # database name, or the file path for SQLite
+    port: str | None = None  # a PostgreSQL server of the harness's own, not the shared one
 
     def env(self) -> dict[str, str]:
-        return {"BENCH_DB": self.kind, "BENCH_DB_NAME": self.name}
+        env = {"BENCH_DB": self.kind, "BENCH_DB_NAME": self.name}
+        if self.port:
+            env["DURQ_PG_PORT"] = self.port
+        return env
 
     @property
     def url(self) -> str:
         if self.kind == "postgres":
             auth = PG["user"] + (f":{PG['password']}" if PG["password"] else "")
-            return f"postgresql://{auth}@{PG['host']}:{PG['port']}/{self.name}"
+            return f"postgresql://{auth}@{PG['host']}:{self.port or PG['port']}/{self.name}"
         return self.name
+
+    def query(self, sql: str) -> list[list[str]]:
+        """Rows of ``sql`` run in this PostgreSQL or MariaDB database, as text fields."""
+        if self.kind == "postgres":
+            out = psql(sql, self.name, self.port)
+        elif self.kind == "mysql":
+            out = mariadb(sql, self.name)
+        else:
+            raise RuntimeError(f"no command-line client for {self.kind}")
+        return [row.split("|" if self.kind == "postgres" else "\t") for row in out.splitlines() if row]
 
     def drop(self) -> None:
         if self.kind == "sqlite":
@@ -88,7 +106,7 @@ class Database:
                 Path(self.name + suffix).unlink(missing_ok=True)
             shutil.rmtree(self.name + "-durq", ignore_errors=True)  # django-durq's presence locks
         elif self.kind == "postgres":
-            psql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            psql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)', port=self.port)
         elif self.kind == "mysql":
             mariadb(f"DROP DATABASE IF EXISTS `{self.name}`")
 
@@ -96,11 +114,11 @@ class Database:
 def analyze(database: Database) -> None:
     """Refresh the planner's statistics of a PostgreSQL database (others keep theirs up to date)."""
     if database.kind == "postgres":
-        psql("ANALYZE", database.name)
+        psql("ANALYZE", database.name, database.port)
 
 
-def create(kind: str, tag: str) -> Database:
-    """A new, empty database of ``kind``; ``tag`` becomes part of its name."""
+def create(kind: str, tag: str, port: str | None = None) -> Database:
+    """A new, empty database of ``kind``; ``tag`` becomes part of its name; ``port``: see :func:`psql`."""
     safe = "".join(ch if ch.isalnum() else "_" for ch in tag).lower()
     name = f"{PREFIX}_{safe}_{os.getpid()}_{next(_counter)}"
     if kind == "sqlite":
@@ -109,12 +127,12 @@ def create(kind: str, tag: str) -> Database:
         database.drop()
         return database
     if kind == "postgres":
-        psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        psql(f'CREATE DATABASE "{name}"')
+        psql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', port=port)
+        psql(f'CREATE DATABASE "{name}"', port=port)
     elif kind == "mysql":
         mariadb(f"DROP DATABASE IF EXISTS `{name}`")
         mariadb(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    return Database(kind, name)
+    return Database(kind, name, port)
 
 
 def _owner_alive(name: str) -> bool:

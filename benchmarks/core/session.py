@@ -16,6 +16,7 @@ from typing import Any
 
 from ..adapters import Adapter
 from . import databases, envs, procs
+from .pg_server import PostgresServer
 from .redis import RedisServer
 
 # How this run was started, recorded with every line so that the published page can say it.
@@ -35,6 +36,8 @@ class Options:
     idle_seconds: float = 60.0
     memory_jobs: int = 100_000
     scale_rows: int = 1_000_000
+    scaling_jobs: int = 100_000
+    bloat_jobs: int = 1_000_000
     coexist_seconds: float = 10.0
     verbose: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -57,6 +60,8 @@ class Session:
         self._env_errors: dict[str, str] = {}
         self._redis: RedisServer | None = None
         self._redis_error: str | None = None
+        self._pg_server: PostgresServer | None = None
+        self._pg_server_error: str | None = None
         self._servers: dict[str, str | None] = {}
         self.versions: dict[str, dict[str, str]] = {}
         self.hints: dict[tuple[str, str, str], float] = {}
@@ -168,9 +173,30 @@ class Session:
             self.say(f"[redis] own redis-server on 127.0.0.1:{server.port}")
         return self._redis
 
+    def pg_server(self) -> PostgresServer:
+        """A PostgreSQL of the harness's own, with the server defaults (autovacuum on); see core/pg_server.py."""
+        if self._pg_server_error:
+            raise Skip(self._pg_server_error)
+        if self._pg_server is None:
+            missing = PostgresServer.missing()
+            if missing:
+                self._pg_server_error = missing
+                raise Skip(missing)
+            server = PostgresServer(self.work)
+            try:
+                server.start()
+            except (RuntimeError, OSError) as error:
+                self._pg_server_error = f"could not start a private PostgreSQL: {error}"
+                raise Skip(self._pg_server_error) from None
+            self._pg_server = server
+            self.say(f"[postgres] own PostgreSQL {server.version} on 127.0.0.1:{server.port}")
+        return self._pg_server
+
     def close(self) -> None:
         if self._redis is not None:
             self._redis.stop()
+        if self._pg_server is not None:
+            self._pg_server.stop()
 
     # --- processes -----------------------------------------------------------------------------
 
@@ -203,10 +229,10 @@ class Session:
         return env
 
     @contextlib.contextmanager
-    def fresh_database(self, adapter: Adapter, database: str, tag: str) -> Iterator[databases.Database]:
-        """A new database with the system's schema, dropped afterwards."""
+    def fresh_database(self, adapter: Adapter, database: str, tag: str, port: str | None = None) -> Iterator[databases.Database]:
+        """A new database with the system's schema, dropped afterwards (``port``: the harness's own PostgreSQL)."""
         python = self.python_for(adapter)
-        db = databases.create(adapter.django_database(database), f"{adapter.name}_{tag}")
+        db = databases.create(adapter.django_database(database), f"{adapter.name}_{tag}", port)
         try:
             env = self.env_for(adapter, db)
             for command in adapter.prepare_commands(python):
@@ -226,11 +252,21 @@ class Session:
         out = procs.run([str(python), "-m", "benchsite.agent", *args], self.env_for(adapter, db, ticks), envs.SITES, timeout_s)
         return dict(json.loads(out.strip().splitlines()[-1]))
 
-    def start_workers(self, adapter: Adapter, db: databases.Database, concurrency: int, ticks: Path) -> procs.Group:
+    def start_workers(
+        self,
+        adapter: Adapter,
+        db: databases.Database,
+        concurrency: int,
+        ticks: Path,
+        processes: int = 1,
+        extra_env: dict[str, str] | None = None,
+    ) -> procs.Group:
+        """The worker command(s) at ``concurrency``, ``processes`` times over (as on that many hosts)."""
         python = self.python_for(adapter)
-        commands = adapter.worker_commands(python, concurrency)
+        commands = adapter.worker_commands(python, concurrency) * processes
         tag = self.next_tag(f"{adapter.name}-{db.kind}-worker")
-        return procs.start_group(commands, self.env_for(adapter, db, ticks), envs.SITES, self.work / "logs", tag)
+        env = self.env_for(adapter, db, ticks) | (extra_env or {})
+        return procs.start_group(commands, env, envs.SITES, self.work / "logs", tag)
 
     def ticks_file(self, label: str) -> Path:
         path = self.work / "ticks" / f"{self.next_tag(label)}.bin"

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import ceiling, coexist, drain, enqueue, latency, memory, profile, scale
+from . import bloat, ceiling, coexist, drain, enqueue, latency, memory, profile, scale, scaling
 
 ALL: dict[str, ModuleType] = {
-    module.NAME: module for module in (enqueue, drain, latency, memory, coexist, ceiling, scale, profile)
+    module.NAME: module for module in (enqueue, drain, latency, memory, coexist, ceiling, scale, scaling, bloat, profile)
 }
 # A plain full run leaves out the profiler, which slows the worker it watches.
-DEFAULT = ["enqueue", "drain", "latency", "memory", "coexist", "ceiling", "scale"]
+DEFAULT = ["enqueue", "drain", "latency", "memory", "coexist", "ceiling", "scale", "scaling", "bloat"]
 
 __all__ = ["ALL", "DEFAULT"]

@@ -8,6 +8,8 @@ python -m benchsite.agent mysql-ceiling --database NAME --seconds 5
 python -m benchsite.agent durq-fill --finished 900000 --dead 100000 --delayed 100000
 python -m benchsite.agent durq-claim-cost --n 300
 python -m benchsite.agent admin-render --repeats 5
+python -m benchsite.agent durq-hold --n 100000
+python -m benchsite.agent durq-feed --n 1000000 --batch 5000 --backlog 20000 --rate 10000
 """
 
 import argparse
@@ -184,6 +186,20 @@ def cmd_durq_claim_cost(args):
     return durq_scale.claim_cost(args.n, args.batch)
 
 
+def cmd_durq_hold(args):
+    setup_django()
+    from benchsite import durq_feed
+
+    return durq_feed.hold(args.n, args.chunk)
+
+
+def cmd_durq_feed(args):
+    setup_django()
+    from benchsite import durq_feed
+
+    return durq_feed.feed(args.n, args.batch, args.backlog, args.rate)
+
+
 def cmd_admin_render(args):
     setup_django()
     from benchsite import durq_scale
@@ -228,6 +244,16 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--batch", type=int, default=4)
     p.set_defaults(func=cmd_durq_claim_cost)
+    p = sub.add_parser("durq-hold")
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--chunk", type=int, default=5000)
+    p.set_defaults(func=cmd_durq_hold)
+    p = sub.add_parser("durq-feed")
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--batch", type=int, default=5000)
+    p.add_argument("--backlog", type=int, default=20000)
+    p.add_argument("--rate", type=float, default=0, help="jobs a second at most (0: as fast as drained)")
+    p.set_defaults(func=cmd_durq_feed)
     p = sub.add_parser("admin-render")
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=cmd_admin_render)
