@@ -164,7 +164,7 @@ def bloat_section(lines: list[Line], chart: bool) -> list[str]:
         "",
         f"{jobs:,} jobs pass through `durq_job` on PostgreSQL {version}: a feeder queues them with `enqueue_many` in "
         "batches of 5,000 at 10,000 a second at most (864 million a day), never more than 20,000 waiting, while one "
-        "worker (`default:4`) drains them; finished jobs are deleted (`KEEP_FINISHED` 0, the default) unless the "
+        "worker (`default:4`) drains them; finished jobs are deleted at once (`KEEP_FINISHED` 0) unless the "
         "variant says otherwise. Each job leaves dead row versions behind: its claim's UPDATE and its DELETE. Sizes "
         "are `pg_relation_size` of the table, `pg_indexes_size` and the claim index's own size, the largest of the "
         "once-a-second samples and at the end (a vacuum that finds the last pages empty gives them back); dead rows "
@@ -247,7 +247,8 @@ def section(lines: list[Line], charts_drawn: list[str]) -> list[str]:
         pool = sample["params"].get("pool", 2)
         out += [
             f"django-durq alone. 1 to 16 `durq_worker` processes, each with a pool of {pool} (`--queue default:{pool}`), "
-            f"drain {jobs:,} no-op jobs from one database server on this machine. The jobs are queued before the "
+            f"drain {jobs:,} no-op jobs from one database server on this machine, deleting each as it finishes "
+            "(`KEEP_FINISHED` 0). The jobs are queued before the "
             "workers start and become due at one instant once every process has registered, so none starts early "
             f"(`benchmarks/workloads/scaling.py`). A pool of {pool}: a host or container of a scaled-out deployment is "
             "small, and what many hosts add is claimers, each process with its own dispatcher, connections and claim "

@@ -53,11 +53,11 @@ RECOMMENDED = {
 
 
 class Variant:
-    def __init__(self, name: str, server: dict[str, str], table: dict[str, str], keep_finished_s: float | None = None):
+    def __init__(self, name: str, server: dict[str, str], table: dict[str, str], keep_finished_s: float = 0):
         self.name = name
         self.server = server  # ALTER SYSTEM settings of the private server
         self.table = table  # storage parameters of durq_job
-        self.keep_finished_s = keep_finished_s
+        self.keep_finished_s = keep_finished_s  # 0: finished jobs deleted at once (not the product's default hour)
 
 
 VARIANTS = [
@@ -92,7 +92,7 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
             metrics = measure(session, adapter, server.port, variant, jobs, repeat)
             metrics["server_version"] = server.version
             params = {"variant": variant.name, "jobs": jobs, "server": variant.server, "table": variant.table}
-            if variant.keep_finished_s is not None:
+            if variant.keep_finished_s:
                 params["keep_finished_s"] = variant.keep_finished_s
             session.record(NAME, adapter, database, params, repeat, metrics, load)
             end = metrics.get("end") or {}
@@ -122,9 +122,7 @@ def measure(session: Session, adapter: Adapter, port: str, variant: Variant, job
         metrics: dict[str, Any] = {"empty": table_stats(db)}
         tick_file = session.ticks_file(f"{adapter.name}-{tag}")
         claim_file = tick_file.with_suffix(".claims")
-        extra_env = {"BENCH_CLAIMS": str(claim_file)}
-        if variant.keep_finished_s is not None:
-            extra_env["BENCH_DURQ_KEEP_FINISHED"] = str(variant.keep_finished_s)
+        extra_env = {"BENCH_CLAIMS": str(claim_file), "BENCH_DURQ_KEEP_FINISHED": str(variant.keep_finished_s)}
         group = session.start_workers(adapter, db, CONCURRENCY, tick_file, extra_env=extra_env)
         feeder: dict[str, Any] = {}
         peak: dict[str, int] = {}
@@ -155,7 +153,7 @@ def measure(session: Session, adapter: Adapter, port: str, variant: Variant, job
                                sample["claim_index_bytes"], sample["dead_rows"]])  # fmt: skip
                 if done >= jobs:
                     done_at = done_at or time.monotonic()
-                    if variant.keep_finished_s is None or _pruned(db, time.monotonic() - done_at, variant.keep_finished_s):
+                    if not variant.keep_finished_s or _pruned(db, time.monotonic() - done_at, variant.keep_finished_s):
                         break
                 time.sleep(SAMPLE_S)
             thread.join(timeout=60)

@@ -69,7 +69,13 @@ def measure(session: Session, adapter: Adapter, database: str, processes: int, j
         tick_file = session.ticks_file(f"{adapter.name}-scaling-p{processes}")
         claim_file = tick_file.with_suffix(".claims")
         group = session.start_workers(
-            adapter, db, POOL, tick_file, processes=processes, extra_env={"BENCH_CLAIMS": str(claim_file)}
+            adapter,
+            db,
+            POOL,
+            tick_file,
+            processes=processes,
+            # Finished jobs deleted at once, as published: the curve is of the claim, not of retention.
+            extra_env={"BENCH_CLAIMS": str(claim_file), "BENCH_DURQ_KEEP_FINISHED": "0"},
         )
         group.start_sampling()
         metrics: dict[str, Any] = {}

@@ -35,4 +35,3 @@ def _timed(claim, fd):
         return jobs
 
     return timed
-
