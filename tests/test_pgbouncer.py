@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.db import connection, connections
 from django.db.utils import load_backend
@@ -48,6 +47,8 @@ class Bouncer:
 
     def transactions(self, database: str) -> int:
         """Transactions PgBouncer has passed to ``database`` so far (its admin console's SHOW STATS)."""
+        import psycopg  # here, not at the top: the MariaDB leg collects this module without psycopg
+
         with psycopg.connect(
             host="127.0.0.1",
             port=self.port,
