@@ -90,7 +90,8 @@ def test_idle_workers_commit_nothing_are_seen_alive_and_a_killed_one_is_gone_at_
     # Whichever of them led maintenance, the survivor leads now and removes the dead row and file,
     # without waiting for a lease or ten missed heartbeats to run out.
     wait_until(lambda: WorkerProcess.objects.count() == 1, 10, "the dead worker's row to be removed")
-    assert presence.liveness("default", victim_id) is Liveness.UNKNOWN
+    # The lock file goes just after the row (the released lock is what marked the row as ended).
+    wait_until(lambda: presence.liveness("default", victim_id) is Liveness.UNKNOWN, 5, "the dead worker's lock file")
 
     job = jobs.effect.enqueue(tag="after")
     wait_until(lambda: Effect.objects.filter(job_id=job.pk).exists(), 30, "the survivor to run a job")
