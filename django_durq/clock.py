@@ -55,10 +55,10 @@ class ServerClock:
 
     ``read_server_ms`` returns the server's time in epoch milliseconds (a fraction carries the
     microseconds), or None where there is no other host to agree with (SQLite): then this is
-    ``base``. A measurement is placed at the
-    middle of its round trip, so it is off by at most half the round trip (``uncertainty_ms``);
-    the monotonic clock then drifts from the server's by what NTP slews, a few ms a minute at
-    most. When the server cannot be read, the last measurement goes on counting.
+    ``base``. A measurement is placed at the middle of its round trip, so it is off by at most
+    half the round trip (``uncertainty_ms``); the monotonic clock then drifts from the server's by
+    what NTP slews, a few ms a minute at most. When the server cannot be read, the last
+    measurement goes on counting.
     """
 
     READINGS = 3

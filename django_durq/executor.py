@@ -296,7 +296,7 @@ class Executor:
             return FINISHED
         hooks.jitter("complete")
         if keep:
-            held = self.store.retrying("finish", lambda d: d.finish(ctx.lease, now, stored, None))
+            held = bool(self.store.retrying("finish", lambda d: d.finish_many([(ctx.lease, now, stored)])))
         else:
             held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
         if not held:

@@ -280,16 +280,6 @@ class Dialect:
             return set(leases)
         return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
-    def finish(self, lease: Lease, now_ms: int, result: str | None, errors: str | None) -> bool:
-        """Keep a finished job (retention on) with its result."""
-        sets = "status = 'finished', finished_ms = %s, lease_expires_ms = NULL, result = %s"
-        params: list[Any] = [now_ms, result]
-        if errors is not None:
-            sets += ", errors = %s"
-            params.append(errors)
-        fence, fence_params = _fence([lease])
-        return self.execute(f"UPDATE {JOB} SET {sets} WHERE status = 'running' AND {fence}", params + fence_params) == 1
-
     def retry_later(self, lease: Lease, run_at_ms: int, now_ms: int, errors: str) -> bool:
         """Put a failed job back to wait for its next attempt — or end it cancelled if an operator asked.
 
