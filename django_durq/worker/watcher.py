@@ -144,13 +144,20 @@ class Watcher:
             raw.close()
 
     def _pump_psycopg3(self, raw: Any) -> None:
+        # psycopg hands a notification that arrives while a statement runs (the idle check below)
+        # only to notify handlers, never to a later notifies(): the handler keeps it.
+        heard: set[str] = set()
+        raw.add_notify_handler(lambda notice: heard.add(notice.payload))
         while not self.stopped.is_set():
             ready, _, _ = select.select([raw.fileno()], [], [], 1.0)
-            if not ready:
+            if ready:
+                heard.update(notice.payload for notice in raw.notifies(timeout=0, stop_after=1000))
+            else:
                 raw.execute("SELECT 1")  # notices a dead connection
-                continue
-            queues = {notice.payload for notice in raw.notifies(timeout=0, stop_after=1000)}
-            wakeup.notify(queues)
+            if heard:
+                queues = set(heard)
+                heard.clear()
+                wakeup.notify(queues)
 
     def _pump_psycopg2(self, raw: Any) -> None:
         while not self.stopped.is_set():
