@@ -1,6 +1,6 @@
 """django-durq: a durable job queue that lives in your Django database.
 
-Public API: ``job`` (decorator), ``enqueue``, ``schedule``, ``JobContext``, ``Retry``, ``Abort``,
+Public API: ``job`` (decorator), ``Limit``, ``enqueue``, ``schedule``, ``JobContext``, ``Retry``, ``Abort``,
 ``InvalidPayload``, ``UnknownJobType``, ``exclusivity``. Importing this package loads no model.
 """
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .context import JobContext
 from .enqueue import enqueue
 from .exceptions import Abort, DurqError, InvalidPayload, LeaseLost, Retry, UnknownJobType
+from .limits import Limit
 from .registry import JobDefinition, job
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ __all__ = [
     "JobContext",
     "JobDefinition",
     "LeaseLost",
+    "Limit",
     "Retry",
     "UnknownJobType",
     "enqueue",

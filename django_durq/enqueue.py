@@ -72,7 +72,9 @@ def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]
 
     alias = get_settings().database
     dialect = dialect_for(connections[alias])
-    if not dialect.returns_bulk_insert_ids:
+    # A limit keyed on the arguments gives each row its own key: rows are built one by one.
+    keyed = definition.limit is not None and definition.limit.key is not None
+    if keyed or not dialect.returns_bulk_insert_ids:
         rows = [Job(**_values(definition, [], dict(item))) for item in items]
         created = Job.objects.using(alias).bulk_create(rows)
         wakeup.wake_on_commit(alias, sorted({job.queue for job in created}))
@@ -123,7 +125,8 @@ def _values(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[s
         timeout_ms = definition.timeout_ms or settings.timeout_ms
     max_attempts = options.max_attempts or definition.max_attempts or settings.max_attempts
     priority = options.priority if options.priority is not None else definition.priority
-    return {
+    limit = definition.limit.columns(definition.name, args, kwargs) if definition.limit is not None else {}
+    return limit | {
         "name": definition.name,
         "queue": queue,
         "priority": priority,

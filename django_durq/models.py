@@ -90,6 +90,12 @@ class Job(models.Model):
     run_after_us = models.BigIntegerField(
         null=True, blank=True, help_text="The task's run_after in epoch microseconds; NULL when it had none."
     )
+    # Flow control (see limits.py): the key whose limits this job counts against, the most jobs of
+    # that key that may run at once, and the most that may start per period. NULL: no limit.
+    limit_key = models.CharField(max_length=255, null=True, blank=True, help_text="Flow-control key (limits.Limit).")
+    limit_running = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many of the key run at once.")
+    limit_rate = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many of the key start per period.")
+    limit_period_ms = models.PositiveIntegerField(null=True, blank=True)
     # The dedupe key while the job is active, NULL otherwise. A plain unique index on this column
     # gives "one active job per key" on every database, MariaDB included (it has no partial
     # indexes, and Django drops a conditional UniqueConstraint there with models.W036). Dead and
@@ -244,3 +250,42 @@ class Queue(QueueStat):
         proxy = True
         verbose_name = "queue"
         verbose_name_plural = "queues"
+
+
+class QueueControl(models.Model):
+    """A queue's flow-control state, shared by every worker: paused, and whether claims take its gate.
+
+    A row exists once a queue was paused or got a job with a limit; no row means "not paused,
+    no limited jobs". Claims of a limited queue lock this row first, so that workers counting
+    running jobs and recent starts take turns (see db/flow.py).
+    """
+
+    queue = models.CharField(max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    paused_ms = models.BigIntegerField(null=True, blank=True, help_text="When it was paused.")
+    limited = models.BooleanField(default=False, help_text="A job with a limit was queued here: claims take turns.")
+    updated_ms = models.BigIntegerField()
+
+    class Meta:
+        db_table = "durq_queue_control"
+
+    def __str__(self) -> str:
+        return f"{self.queue} ({'paused' if self.paused else 'running'})"
+
+
+class JobStart(models.Model):
+    """One start of a rate-limited job: the sliding window of a rate limit counts these rows.
+
+    ``scope`` is ``q:<queue>`` for a queue's rate or ``k:<queue>:<key>`` for a key's; rows older
+    than the window are deleted by the next claim that reads it.
+    """
+
+    scope = models.CharField(max_length=400)
+    started_ms = models.BigIntegerField()
+
+    class Meta:
+        db_table = "durq_start"
+        indexes = [models.Index(fields=["scope", "started_ms"], name="durq_start_window")]
+
+    def __str__(self) -> str:
+        return f"{self.scope}@{self.started_ms}"

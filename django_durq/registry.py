@@ -18,6 +18,7 @@ from .arguments import HandlerArguments
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
+from .limits import Limit
 from .options import JobOptions, check_handler_options
 
 if TYPE_CHECKING:
@@ -55,8 +56,11 @@ class JobDefinition(Generic[P, R]):
         backoff: Backoff | None,
         cron: str | None,
         options: JobOptions | None = None,
+        limit: Limit | None = None,
     ) -> None:
         check_handler_options(name, queue, priority, max_attempts, lease, timeout, backoff, cron)
+        if limit is not None and not isinstance(limit, Limit):
+            raise TypeError(f"limit must be a django_durq.Limit, not {type(limit).__name__}")
         self.func = func
         self.arguments = HandlerArguments.of(func)
         self.is_async = inspect.iscoroutinefunction(func)
@@ -69,6 +73,7 @@ class JobDefinition(Generic[P, R]):
         self.backoff = backoff
         self.cron = cron
         self.options = options or JobOptions()
+        self.limit = limit
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
         self.__module__ = getattr(func, "__module__", "")
@@ -206,6 +211,7 @@ def job(
     timeout: timedelta | float | None = None,
     backoff: Backoff | None = None,
     cron: str | None = None,
+    limit: Limit | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
 
 
@@ -221,12 +227,14 @@ def job(
     timeout: timedelta | float | None = None,
     backoff: Backoff | None = None,
     cron: str | None = None,
+    limit: Limit | None = None,
 ) -> Any:
     """Register a handler. The handler receives a ``JobContext`` first, then the job's arguments.
 
     ``name`` defaults to the dotted path ``module.function``; set it so that renaming the
     function does not orphan jobs already queued. ``lease`` and ``timeout`` are timedeltas or
-    seconds. A bad option, or a handler that cannot take the context first, raises here.
+    seconds. ``limit`` (a :class:`~django_durq.limits.Limit`) caps how many of its jobs run at
+    once or start per period, across every worker. A bad option, or a handler that cannot take the context first, raises here.
     """
 
     def register(function: Callable[..., Any]) -> JobDefinition[..., Any]:
@@ -240,6 +248,7 @@ def job(
             timeout=timeout,
             backoff=backoff,
             cron=cron,
+            limit=limit,
         )
         registry.add(definition)
         return definition
