@@ -15,6 +15,7 @@ from django.dispatch import receiver
 
 from .backoff import Backoff
 from .clock import seconds_to_ms
+from .limits import QueueLimits, Rate, check_max_running
 
 DEFAULT_QUEUE = "default"
 # How long finished jobs stay visible (admin, ``manage.py durq``) unless KEEP_FINISHED says
@@ -33,6 +34,8 @@ class QueueSettings:
     keep_finished_ms: int | None = None  # None: use the global setting
     keep_dead_ms: int | None = None
     prefetch_ms: int | None = None  # None: use the global setting
+    # Across every worker: at most this many running, at most this rate of starts (limits.py).
+    limits: QueueLimits = field(default_factory=QueueLimits)
 
 
 @dataclass(frozen=True)
@@ -340,13 +343,14 @@ def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
         if not isinstance(options, dict):
             p.problem("durq.E008", f'DURQ["QUEUES"]["{name}"] must be a dict', 'Write {"concurrency": 4}.')
             continue
-        unknown = set(options) - {"concurrency", "keep_finished", "keep_dead", "prefetch"}
+        unknown = set(options) - {"concurrency", "keep_finished", "keep_dead", "prefetch", "max_running", "rate"}
         if unknown:
             p.problem(
                 "durq.E008",
                 f'DURQ["QUEUES"]["{name}"] has unknown keys {sorted(unknown)}',
-                "Known: concurrency, keep_finished, keep_dead, prefetch.",
+                "Known: concurrency, keep_finished, keep_dead, prefetch, max_running, rate.",
             )
+        limits = _parse_limits(p, name, options)
         concurrency = p.positive_int(options, "concurrency", 4, f'DURQ["QUEUES"]["{name}"]["concurrency"]')
         sub = _Parser(options)
         keep_finished = sub.duration_ms("keep_finished", None, allow_none=True, minimum_ms=0)
@@ -354,9 +358,31 @@ def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
         prefetch = sub.duration_ms("prefetch", None, allow_none=True, minimum_ms=0)
         p.problems.extend(sub.problems)
         queues[name] = QueueSettings(
-            concurrency=concurrency, keep_finished_ms=keep_finished, keep_dead_ms=keep_dead, prefetch_ms=prefetch
+            concurrency=concurrency,
+            keep_finished_ms=keep_finished,
+            keep_dead_ms=keep_dead,
+            prefetch_ms=prefetch,
+            limits=limits,
         )
     return queues or {DEFAULT_QUEUE: QueueSettings()}
+
+
+def _parse_limits(p: _Parser, name: str, options: dict[str, Any]) -> QueueLimits:
+    """A queue's ``max_running`` and ``rate``, enforced across every worker (limits.py)."""
+    max_running: int | None = None
+    rate: Rate | None = None
+    label = f'DURQ["QUEUES"]["{name}"]'
+    if options.get("max_running") is not None:
+        try:
+            max_running = check_max_running(options["max_running"], f'{label}["max_running"]')
+        except (TypeError, ValueError) as error:
+            p.problem("durq.E008", str(error), 'Write a whole number of at least 1, e.g. {"max_running": 3}.')
+    if options.get("rate") is not None:
+        try:
+            rate = Rate.parse(options["rate"], f'{label}["rate"]')
+        except (TypeError, ValueError) as error:
+            p.problem("durq.E008", str(error), 'Write "<count>/<period>", e.g. {"rate": "50/m"} for 50 starts a minute.')
+    return QueueLimits(max_running, rate)
 
 
 _cached: DurqSettings | None = None

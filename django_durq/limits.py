@@ -57,6 +57,18 @@ class Rate:
         return f"{self.count}/{self.period_ms}ms"  # pragma: no cover - every parsed period is whole seconds
 
 
+@dataclass(frozen=True)
+class QueueLimits:
+    """A queue's own limits from ``DURQ["QUEUES"]``: running jobs and starts, across every worker."""
+
+    max_running: int | None = None
+    rate: Rate | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.max_running is not None or self.rate is not None
+
+
 def check_max_running(value: object, label: str = "max_running") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{label} must be a whole number of at least 1, not {type(value).__name__}")

@@ -19,6 +19,7 @@ from django.db import InterfaceError, OperationalError, connections
 from . import hooks
 from .clock import Clock
 from .db import ClaimedJob, Dialect, Lease, dialect_for
+from .limits import QueueLimits
 
 logger = logging.getLogger("django_durq")
 
@@ -69,9 +70,18 @@ class Store:
                 time.sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, 1.0 if contention else 5.0)
 
-    def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+    def claim(
+        self,
+        queue: str,
+        limit: int,
+        now_ms: int,
+        worker_id: str,
+        limits: QueueLimits | None = None,
+        clock: Clock | None = None,
+    ) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs; ``limits`` (a pool whose queue has any) claims limited jobs too."""
         hooks.jitter("claim")
-        return self.retrying("claim", lambda d: d.claim(queue, limit, now_ms, worker_id))
+        return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock))
 
     def due_times(self, queue: str) -> tuple[int | None, int | None]:
         return self.retrying("probe", lambda d: d.due_times(queue))

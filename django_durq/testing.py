@@ -22,7 +22,8 @@ from .store import Store
 def drain(queue: str | None = None, clock: Clock | None = None, max_jobs: int = 100_000) -> Counter[str]:
     """Run every job due now (by ``clock``) until none is left; returns outcome counts.
 
-    Jobs that a retry makes due later are left waiting: advance the clock and drain again.
+    Jobs that a retry makes due later are left waiting: advance the clock and drain again. Limits
+    hold as in a worker: a job its rate holds back waits for the clock too.
     """
     settings = get_settings()
     clock = clock or get_clock()
@@ -38,7 +39,9 @@ def drain(queue: str | None = None, clock: Clock | None = None, max_jobs: int = 
             queues = sorted(set(Job.objects.using(settings.database).active().values_list("queue", flat=True)))
         ran = False
         for name in queues:
-            for job in store.claim(name, 1, clock.now_ms(), worker_id):
+            # The limited claim runs jobs with and without limits alike (a worker's pool switches
+            # to it once it meets one).
+            for job in store.claim(name, 1, clock.now_ms(), worker_id, settings.queue(name).limits, clock):
                 ctx = JobContext(job, worker_id=worker_id, store=store, clock=clock, shutdown=shutdown)
                 outcomes[executor.run(job, ctx)] += 1
                 ran = True

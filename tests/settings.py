@@ -119,7 +119,14 @@ else:
     raise RuntimeError(f"DURQ_TEST_DB={DB!r}: use sqlite, postgres or mysql")
 
 DURQ = {
-    "QUEUES": {"default": {"concurrency": 4}, "fast": {"concurrency": 2}, "slow": {"concurrency": 1}},
+    "QUEUES": {
+        "default": {"concurrency": 4},
+        "fast": {"concurrency": 2},
+        "slow": {"concurrency": 1},
+        # Flow control across every worker (tests/test_limits.py).
+        "video": {"concurrency": 4, "max_running": 3},
+        "webhooks": {"concurrency": 4, "rate": "10/s"},
+    },
     "LEASE": float(os.environ.get("DURQ_TEST_LEASE", "30")),
     "HEARTBEAT_INTERVAL": float(os.environ.get("DURQ_TEST_HEARTBEAT", "5")),
     "POLL_INTERVAL": float(os.environ.get("DURQ_TEST_POLL", "0.25")),

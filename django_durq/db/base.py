@@ -13,10 +13,14 @@ import json
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..limits import QueueLimits
 
 JOB = "durq_job"
 
@@ -99,6 +103,14 @@ class Dialect:
     argument_column = ""
     ordinal_column = ""
 
+    # How a limited claim (db/flow.py) locks the candidates it reads; empty where writers are serialized.
+    pick_lock = "FOR UPDATE SKIP LOCKED"
+    # Makes a queue's control row if it has none, leaving an existing one alone.
+    insert_control = (
+        "INSERT INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
+        " ON CONFLICT (queue) DO NOTHING"
+    )
+
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
 
@@ -106,6 +118,19 @@ class Dialect:
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         raise NotImplementedError
+
+    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        """Claim these jobs, which the caller has locked (a limited claim, db/flow.py)."""
+        raise NotImplementedError
+
+    def lock_gate(self, queue: str, now_ms: int) -> bool:
+        """Take the queue's turn for a limited claim: lock its control row, made if missing. True when paused."""
+        lock = "SELECT paused FROM durq_queue_control WHERE queue = %s FOR UPDATE"
+        rows = self.fetchall(lock, (queue,))
+        if not rows:
+            self.execute(self.insert_control, (queue, now_ms))
+            rows = self.fetchall(lock, (queue,))
+        return bool(rows[0][0])
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         """Add (queue, minute_ms, finished, failed, dead) to the per-minute counters."""
@@ -243,6 +268,8 @@ class Dialect:
         now_ms: int,
         worker_id: str,
         kept: Sequence[tuple[Lease, int, str | None]] = (),
+        limits: QueueLimits | None = None,
+        clock: Clock | None = None,
     ) -> tuple[set[Lease], list[ClaimedJob]]:
         """Record finished jobs and claim the next ones in one transaction: one commit, not two.
 
@@ -251,8 +278,27 @@ class Dialect:
         """
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases) | self.finish_many(kept)
-            claimed = self.claim(queue, limit, now_ms, worker_id) if limit > 0 else []
+            claimed = self.claim_next(queue, limit, now_ms, worker_id, limits, clock) if limit > 0 else []
         return done, claimed
+
+    def claim_next(
+        self,
+        queue: str,
+        limit: int,
+        now_ms: int,
+        worker_id: str,
+        limits: QueueLimits | None = None,
+        clock: Clock | None = None,
+    ) -> list[ClaimedJob]:
+        """The fast claim, which leaves limited jobs alone, or with ``limits`` the claim that enforces them.
+
+        A limited claim reads ``clock`` again once it has its turn (see ``flow.claim_limited``).
+        """
+        if limits is None:
+            return self.claim(queue, limit, now_ms, worker_id)
+        from .flow import claim_limited
+
+        return claim_limited(self, queue, limit, now_ms, worker_id, limits, clock)
 
     def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
         """Keep a batch of finished jobs (lease, finished at, result text) in one statement.

@@ -26,14 +26,14 @@ _COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
 # after ``limit`` rows.
 _PICK_EXPIRED = f"""
 SELECT {_COLUMNS} FROM {JOB} FORCE INDEX (durq_job_claim)
-WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts AND limit_key IS NULL
 ORDER BY lease_expires_ms LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 
 _PICK_DUE = f"""
 SELECT {_COLUMNS} FROM {JOB} FORCE INDEX (durq_job_claim)
-WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
+WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL
 ORDER BY priority DESC, run_at_ms, id LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
@@ -84,6 +84,7 @@ class MySQLDialect(Dialect):
     arguments_source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY, a LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS jt"
     argument_column = "jt.a"
     ordinal_column = "jt.n"
+    insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         alias = self.connection.alias
@@ -91,16 +92,24 @@ class MySQLDialect(Dialect):
             rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, limit))
             if len(rows) < limit:
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, limit - len(rows)))
-            if not rows:
-                return []
-            ids = [row[0] for row in rows]
-            marks = ", ".join(["%s"] * len(ids))
-            self.execute(
-                f"UPDATE {JOB} SET reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END,"
-                " status = 'running', attempts = attempts + 1, claim_token = claim_token + 1,"
-                f" claimed_by = %s, started_ms = %s, lease_expires_ms = %s + lease_ms WHERE id IN ({marks})",
-                [worker_id, now_ms, now_ms, *ids],
-            )
+            return self._take(rows, now_ms, worker_id)
+
+    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        marks = ", ".join(["%s"] * len(ids))
+        return self._take(self.fetchall(f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks})", list(ids)), now_ms, worker_id)
+
+    def _take(self, rows: list[tuple[Any, ...]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        """Claim rows this transaction has locked; the new token and attempt count are computed from what was read."""
+        if not rows:
+            return []
+        ids = [row[0] for row in rows]
+        marks = ", ".join(["%s"] * len(ids))
+        self.execute(
+            f"UPDATE {JOB} SET reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END,"
+            " status = 'running', attempts = attempts + 1, claim_token = claim_token + 1,"
+            f" claimed_by = %s, started_ms = %s, lease_expires_ms = %s + lease_ms WHERE id IN ({marks})",
+            [worker_id, now_ms, now_ms, *ids],
+        )
         jobs = []
         width = len(CLAIM_COLUMNS)
         for row in rows:

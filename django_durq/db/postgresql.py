@@ -23,12 +23,12 @@ from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease, own_connection
 _CLAIM = f"""
 WITH expired AS (
     SELECT id, priority, run_at_ms FROM {JOB}
-    WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+    WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts AND limit_key IS NULL
     ORDER BY lease_expires_ms LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT id, priority, run_at_ms FROM {JOB}
-    WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
+    WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL
     ORDER BY priority DESC, run_at_ms, id LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), picked AS (
@@ -43,6 +43,20 @@ UPDATE {JOB} AS job SET
     lease_expires_ms = %s + job.lease_ms,
     reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
 WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
+"""
+
+# A limited claim's update of the jobs it picked and locked (db/flow.py).
+_CLAIM_IDS = f"""
+UPDATE {JOB} AS job SET
+    status = 'running',
+    attempts = job.attempts + 1,
+    claim_token = job.claim_token + 1,
+    claimed_by = %s,
+    started_ms = %s,
+    lease_expires_ms = %s + job.lease_ms,
+    reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
+WHERE job.id = ANY(%s::bigint[])
 RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 """
 
@@ -76,6 +90,9 @@ class PostgreSQLDialect(Dialect):
         jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM, params)]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        return [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, list(ids)))]
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = [job_id for job_id, _ in leases]

@@ -28,13 +28,28 @@ WHERE id IN (
     SELECT id FROM (
         SELECT id FROM {JOB}
         WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+            AND limit_key IS NULL
         ORDER BY lease_expires_ms LIMIT %s)
     UNION ALL
     SELECT id FROM (
         SELECT id FROM {JOB} INDEXED BY durq_job_claim
-        WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s
+        WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL
         ORDER BY priority DESC, run_at_ms, id LIMIT %s)
     LIMIT %s)
+RETURNING {", ".join(CLAIM_COLUMNS)}
+"""
+
+# A limited claim's update of the jobs it picked under the write lock (db/flow.py).
+_CLAIM_IDS = f"""
+UPDATE {JOB} SET
+    status = 'running',
+    attempts = attempts + 1,
+    claim_token = claim_token + 1,
+    claimed_by = %s,
+    started_ms = %s,
+    lease_expires_ms = %s + lease_ms,
+    reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END
+WHERE id IN (SELECT value FROM json_each(%s))
 RETURNING {", ".join(CLAIM_COLUMNS)}
 """
 
@@ -57,6 +72,7 @@ class SQLiteDialect(Dialect):
     vendor = "sqlite"
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
+    pick_lock = ""
     partial_indexes = True
     greatest = "MAX"
     arguments_source = "json_each(%s)"
@@ -69,6 +85,15 @@ class SQLiteDialect(Dialect):
         # RETURNING gives rows in no defined order; hand them out in claim order.
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, json.dumps(list(ids))))
+        return [ClaimedJob.from_row(row) for row in rows]
+
+    def lock_gate(self, queue: str, now_ms: int) -> bool:
+        # The insert takes the database's write lock, row or no row: the turn is the lock itself.
+        self.execute(self.insert_control, (queue, now_ms))
+        return bool(self.fetchall("SELECT paused FROM durq_queue_control WHERE queue = %s", (queue,))[0][0])
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _HELD, [json.dumps(leases)]

@@ -2,6 +2,24 @@
 
 from django.db import migrations, models
 
+# Limited jobs of a queue, by key: claims count running jobs per key through it, and a pool learns
+# that its queue has limited jobs with one seek. Partial where the database has partial indexes
+# (see 0002), so jobs without a limit add no entry; outside the model state, as in 0002.
+_LIMITED_PARTIAL = "CREATE INDEX durq_job_limited ON durq_job (queue, limit_key, status) WHERE limit_key IS NOT NULL"
+_LIMITED_FULL = "CREATE INDEX durq_job_limited ON durq_job (queue, limit_key, status)"
+
+
+def add_limited_index(apps, schema_editor):
+    partial = schema_editor.connection.vendor in ("sqlite", "postgresql")
+    schema_editor.execute(_LIMITED_PARTIAL if partial else _LIMITED_FULL)
+
+
+def drop_limited_index(apps, schema_editor):
+    if schema_editor.connection.vendor == "mysql":
+        schema_editor.execute("DROP INDEX durq_job_limited ON durq_job")
+    else:
+        schema_editor.execute("DROP INDEX durq_job_limited")
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -57,4 +75,6 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["scope", "started_ms"], name="durq_start_window")],
             },
         ),
+        # Not atomic: MariaDB cannot roll DDL back, and Django refuses DDL in a transaction there.
+        migrations.RunPython(add_limited_index, drop_limited_index, atomic=False),
     ]

@@ -38,6 +38,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .. import hooks, wakeup
 from ..context import JobContext
 from ..db import ClaimedJob, Dialect, Lease
+from ..db.flow import has_limited_jobs, next_start
 from ..executor import ABANDONED, DEAD, Completion, Executor, reclaim_connection
 from .attempt import FINISHING, RUNNING, Attempt
 
@@ -64,6 +65,9 @@ SERIALIZED_GAP_FACTOR = 1.0
 # How long after another connection last wrote the dispatcher keeps sharing the lock that way.
 SHARING_S = 0.25
 
+
+# How often a pool whose claims succeed looks whether its queue got jobs with limits.
+LIMITED_CHECK_S = 1.0
 
 # A job claimed ahead that has waited this long for a slot is handed back for other workers.
 BUFFER_MAX_WAIT_S = 0.25
@@ -98,6 +102,11 @@ class Pool:
         self._seen_version: int | None = None
         self._read_version: Callable[[], int] | None = None  # PRAGMA data_version on the dispatcher's connection
         self._prepared_for: object = None  # the driver connection prepare_dispatcher_connection() tuned
+        # Flow control: a queue with limits of its own, or with limited jobs, claims through the
+        # limited claim (db/flow.py) from then on; the fast claim leaves limited jobs alone.
+        self._limits = runtime.settings.queue(queue).limits
+        self._gated = self._limits.any
+        self._limited_checked = 0.0  # monotonic time of the last look for limited jobs
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -156,7 +165,8 @@ class Pool:
         """
         mean = self._mean_job_s
         horizon_s = self.prefetch_ms / 1000
-        if not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
+        # Under limits a job held in the buffer counts as running and keeps its key from others.
+        if self._gated or not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
             return self.concurrency
         ahead = self.concurrency * horizon_s / max(mean, 1e-6)
         return self.concurrency + min(MAX_AHEAD, int(ahead))
@@ -213,9 +223,10 @@ class Pool:
                 named, self._named = self._named, False
                 # A notification naming this queue means a job was just queued: claim without
                 # probing first. Otherwise probe with a read, so an idle poll takes no write lock.
+                probed_due = False
                 if refill and probe and not pending and not named:
-                    waiting_due, lease_due = runtime.store.due_times(self.queue)
-                    due = min((t for t in (waiting_due, lease_due) if t is not None), default=None)
+                    due = self._next_due(now)
+                    probed_due = due is not None and due <= now
                     if due is None or due > now:
                         if runtime.burst:
                             if self.held() == 0:
@@ -237,6 +248,9 @@ class Pool:
                 runtime.unclaimed(limit - len(jobs))
                 if limit:
                     probe = len(jobs) < limit
+                    if self._learn_limits(found_none=not jobs and (probed_due or named)) and not jobs:
+                        wait_s = 0  # claim again, now through the limited claim
+                        continue
                 if jobs:
                     self._enter(jobs, now_mono)
                     wait_s = runtime.poll_s
@@ -281,6 +295,36 @@ class Pool:
         with self._has_ready:
             self._ready.extend(attempts)
             self._has_ready.notify(len(attempts))
+
+    def _next_due(self, now: int) -> int | None:
+        """When this pool may next claim something: the idle probe, a read that takes no write lock.
+
+        Under limits it asks whether a job may start, not merely whether one is due, so jobs
+        held back by a limit do not make an idle pool claim again and again.
+        """
+        store = self.runtime.store
+        if self._gated:
+            return store.retrying("probe", lambda d: next_start(d, self.queue, now, self._limits))
+        waiting_due, lease_due = store.due_times(self.queue)
+        return min((t for t in (waiting_due, lease_due) if t is not None), default=None)
+
+    def _learn_limits(self, *, found_none: bool) -> bool:
+        """Switch to the limited claim when the queue holds limited jobs; True when it just did.
+
+        Looked for when a claim found nothing although a job was due or announced (it may be
+        limited), and once a second while claims succeed, so that limited jobs do not wait for
+        the queue's other jobs to run out.
+        """
+        if self._gated:
+            return False
+        now_mono = time.monotonic()
+        if not found_none and now_mono - self._limited_checked < LIMITED_CHECK_S:
+            return False
+        self._limited_checked = now_mono
+        if self.runtime.store.retrying("look for limits", lambda d: has_limited_jobs(d, self.queue)):
+            logger.info("durq: queue %r holds jobs with limits; its claims now enforce them", self.queue)
+            self._gated = True
+        return self._gated
 
     def _sharing(self) -> bool:
         """Whether another connection wrote to the database lately (SQLite's ``data_version`` moved)."""
@@ -361,8 +405,9 @@ class Pool:
         runtime = self.runtime
         self._prepare_connection()
         limit, now = claim if claim else (0, 0)
+        limits = self._limits if self._gated else None
         if not completions:
-            return runtime.store.claim(self.queue, limit, now, runtime.worker_id) if limit > 0 else []
+            return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, runtime.clock) if limit > 0 else []
         leases = [attempt.lease for attempt in completions if attempt.finished_ms is None]
         kept = [(a.lease, a.finished_ms, a.stored) for a in completions if a.finished_ms is not None]
         first_try = time.monotonic()
@@ -372,7 +417,7 @@ class Pool:
             nonlocal tries
             tries += 1
             hooks.jitter("complete")
-            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id, kept)
+            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id, kept, limits, runtime.clock)
 
         try:
             done, jobs = runtime.store.retrying("complete", complete_and_claim)

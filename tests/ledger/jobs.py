@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from django_durq import Abort, Retry, job
+from django_durq import Abort, Limit, Retry, job
 from django_durq.clock import now_ms
 
 from .models import Effect, Order
@@ -339,3 +339,41 @@ if os.environ.get("DURQ_TEST_RECORD_EXC_INFO"):
         Effect.objects.create(job_id=job_id, token=0, pid=os.getpid(), started_ms=now_ms(), tag=tag)
 
     _job_dead.connect(_record_exc_info, weak=False)
+
+
+def _log_run(ctx, log, key, hold):
+    """Append "<key> <job id> <attempt> <claimed at> <started> <ended> <pid>" (epoch ms) to ``log``.
+
+    The claim time is the row's, as the claim wrote it; start and end are the handler's.
+    """
+    from django_durq.models import Job
+
+    claimed = Job.objects.filter(pk=ctx.job_id).values_list("started_ms", flat=True).first()
+    started = time.time_ns() // 1_000_000
+    time.sleep(hold)
+    ended = time.time_ns() // 1_000_000
+    with open(log, "a") as runs:
+        runs.write(f"{key} {ctx.job_id} {ctx.attempt} {claimed} {started} {ended} {os.getpid()}\n")
+
+
+@job(name="tests.one_per_key", limit=Limit(max_running=1, key=lambda key, **_: key))
+def one_per_key(ctx, key, log, hold=0.005, hold_first=0.0):
+    """At most one job of each ``key`` runs at once, across every worker."""
+    _log_run(ctx, log, key, hold_first if ctx.attempt == 1 and hold_first else hold)
+
+
+@job(name="tests.capped", queue="video")
+def capped(ctx, log, hold=0.2):
+    """Runs in the queue "video", which DURQ["QUEUES"] limits to 3 running jobs across every worker."""
+    _log_run(ctx, log, "capped", hold)
+
+
+@job(name="tests.metered", queue="webhooks")
+def metered(ctx, log, hold=0.0):
+    """Runs in the queue "webhooks", which DURQ["QUEUES"] limits to 10 starts a second."""
+    _log_run(ctx, log, "metered", hold)
+
+
+@job(name="tests.rated_per_key", limit=Limit(rate="4/s", key=lambda key, **_: key))
+def rated_per_key(ctx, key, log):
+    _log_run(ctx, log, key, 0.0)
