@@ -279,3 +279,32 @@ def test_the_probe_says_when_held_back_jobs_may_start(clock):
     assert next_start(dialect, "default", clock.now_ms(), NONE) == lease_expires
     later = jobs.noop.using(run_in=5).enqueue()
     assert next_start(dialect, "default", clock.now_ms(), NONE) == Job.objects.get(pk=later.pk).run_at_ms
+
+
+# --- what operators see ------------------------------------------------------------------------
+
+
+def test_limit_usage_shows_full_keys_held_back_jobs_and_rate_windows(clock):
+    from django_durq import ops
+
+    for key in ("a", "a", "a", "b"):
+        keyed(key)
+    for _ in range(3):
+        jobs.rated_per_key.enqueue(key="api", log="/dev/null")
+    claim(clock)  # a, b and api ×3 start (api's rate is 4 a second)
+    jobs.rated_per_key.enqueue(key="api", log="/dev/null")
+    claim(clock)  # the 4th api start fills its window
+    jobs.rated_per_key.enqueue(key="api", log="/dev/null")
+    (default,) = ops.limit_usage(queue="default", now_ms=clock.now_ms())
+    assert (default.max_running, default.rate, default.running) == (None, None, 6)
+    assert {key.key: (key.running, key.max_running) for key in default.keys} == {"a": (1, 1), "b": (1, 1), "api": (4, None)}
+    api = next(key for key in default.keys if key.key == "api")
+    assert (api.started_in_window, api.rate, api.period_ms) == (4, 4, 1_000)
+    assert default.keys_at_limit == 3 and default.held_back == 3  # a ×2, api ×1
+    metered = [jobs.metered.enqueue(log="/dev/null") for _ in range(12)]
+    claim(clock, limit=20, queue="webhooks", limits=get_settings().queue("webhooks").limits)
+    usage = {row.queue: row for row in ops.limit_usage(now_ms=clock.now_ms())}
+    assert set(usage) >= {"default", "video", "webhooks"}
+    webhooks = usage["webhooks"]
+    assert (webhooks.rate, webhooks.started_in_window, webhooks.held_back) == ("10/s", 10, len(metered) - 10)
+    assert webhooks.as_dict()["keys"] == []

@@ -3,12 +3,13 @@
 The admin actions, the ``durq`` management command and the monitoring views are thin callers of
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
 batches of ids so that no statement holds locks on a large part of the table. One module per
-concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.formatting`; their public names
+concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.limits`, :mod:`.formatting`; their public names
 are all here.
 """
 
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
 from .formatting import format_age, local_time
+from .limits import KeyAtLimit, LimitUsage, limit_usage
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
 
@@ -18,6 +19,8 @@ __all__ = [
     "RETRYABLE",
     "Bucket",
     "CancelResult",
+    "KeyAtLimit",
+    "LimitUsage",
     "QueueStats",
     "RetryResult",
     "Selection",
@@ -27,6 +30,7 @@ __all__ = [
     "format_age",
     "health",
     "jobs_by_id",
+    "limit_usage",
     "live_workers",
     "local_time",
     "purge",

@@ -1,0 +1,116 @@
+"""Limits at work: per queue, how much of its running and rate limits is used, and which keys are full.
+
+Read from the same rows the limited claim counts (``db/flow.py``), so what an operator sees is
+what holds jobs back: running jobs under an unexpired lease, and starts in the rate's window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count, Min
+
+from ..conf import get_settings
+from ..db.flow import key_scope, queue_scope
+from ..models import JobStart, Status
+from .reading import alias_of, jobs_on, now_or
+
+# The most keys listed per queue; the count of keys at their limit is exact.
+MAX_KEYS_LISTED = 20
+# The most rate-limited keys with due jobs looked at per queue (one count of the start log each).
+MAX_RATED_KEYS = 1_000
+
+
+@dataclass
+class KeyAtLimit:
+    key: str
+    running: int
+    max_running: int | None  # None: held back by its rate, not by running jobs
+    started_in_window: int = 0
+    rate: int | None = None
+    period_ms: int | None = None
+
+
+@dataclass
+class LimitUsage:
+    queue: str
+    max_running: int | None  # the queue's own limit (DURQ["QUEUES"]), None when it has none
+    running: int  # running under an unexpired lease: what the limit counts
+    rate: str | None  # the queue's own rate, as "10/s"
+    started_in_window: int  # starts in the rate's window ending now
+    keys_at_limit: int  # keys whose jobs wait because the key is full
+    held_back: int  # due jobs waiting for their key or the queue to have room
+    keys: list[KeyAtLimit] = field(default_factory=list)  # up to MAX_KEYS_LISTED of them
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["keys"] = [dict(key.__dict__) for key in self.keys]
+        return data
+
+
+def limit_usage(*, queue: str | None = None, now_ms: int | None = None, using: str | None = None) -> list[LimitUsage]:
+    """Queues with limits of their own or limited jobs, with what their limits hold back now."""
+    now = now_or(now_ms)
+    alias = alias_of(using)
+    settings = get_settings()
+    jobs = jobs_on(alias)
+    limited_queues = set(jobs.filter(limit_key__isnull=False).active().values_list("queue", flat=True).distinct())
+    configured = {name for name, options in settings.queues.items() if options.limits.any}
+    names = sorted((limited_queues | configured) if queue is None else {queue})
+    return [_usage(name, now, alias) for name in names]
+
+
+def _usage(queue: str, now: int, alias: str) -> LimitUsage:
+    limits = get_settings().queue(queue).limits
+    jobs = jobs_on(alias).in_queue(queue)
+    live = jobs.filter(status=Status.RUNNING, lease_expires_ms__gt=now)
+    running = live.count()
+    started = 0
+    if limits.rate is not None:
+        since = now - limits.rate.period_ms
+        started = JobStart.objects.using(alias).filter(scope=queue_scope(queue), started_ms__gt=since).count()
+    keys = _full_keys(queue, now, alias)
+    due = jobs.due(now)
+    queue_full = (limits.max_running is not None and running >= limits.max_running) or (
+        limits.rate is not None and started >= limits.rate.count
+    )
+    held_back = due.count() if queue_full else due.filter(limit_key__in=[key.key for key in keys]).count()
+    return LimitUsage(
+        queue=queue,
+        max_running=limits.max_running,
+        running=running,
+        rate=str(limits.rate) if limits.rate else None,
+        started_in_window=started,
+        keys_at_limit=len(keys),
+        held_back=held_back,
+        keys=keys[:MAX_KEYS_LISTED],
+    )
+
+
+def _full_keys(queue: str, now: int, alias: str) -> list[KeyAtLimit]:
+    """Keys of ``queue`` that may not start another job now, fullest first."""
+    jobs = jobs_on(alias).in_queue(queue)
+    running = {
+        row["limit_key"]: (row["n"], row["least"])
+        for row in jobs.filter(status=Status.RUNNING, lease_expires_ms__gt=now, limit_key__isnull=False)
+        .values("limit_key")
+        .annotate(n=Count("id"), least=Min("limit_running"))
+    }
+    full: dict[str, KeyAtLimit] = {
+        key: KeyAtLimit(key, count, least) for key, (count, least) in running.items() if least is not None and count >= least
+    }
+    rated = (
+        jobs.due(now)
+        .filter(limit_key__isnull=False, limit_rate__isnull=False)
+        .values("limit_key")
+        .annotate(rate=Min("limit_rate"), period=Min("limit_period_ms"))
+    )
+    for row in rated[:MAX_RATED_KEYS]:
+        key = row["limit_key"]
+        scope = key_scope(queue, key)
+        started = JobStart.objects.using(alias).filter(scope=scope, started_ms__gt=now - row["period"]).count()
+        if started >= row["rate"]:
+            entry = full.setdefault(key, KeyAtLimit(key, running.get(key, (0, None))[0], None))
+            entry.started_in_window, entry.rate, entry.period_ms = started, row["rate"], row["period"]
+    return sorted(full.values(), key=lambda key: (-key.running, -key.started_in_window, key.key))
