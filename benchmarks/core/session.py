@@ -245,11 +245,18 @@ class Session:
                 db.drop()
 
     def agent(
-        self, adapter: Adapter, db: databases.Database, *args: str, timeout_s: float = 1800, ticks: Path | None = None
+        self,
+        adapter: Adapter,
+        db: databases.Database,
+        *args: str,
+        timeout_s: float = 1800,
+        ticks: Path | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Run ``benchsite.agent`` in the system's virtualenv; its JSON answer."""
         python = self.python_for(adapter)
-        out = procs.run([str(python), "-m", "benchsite.agent", *args], self.env_for(adapter, db, ticks), envs.SITES, timeout_s)
+        env = self.env_for(adapter, db, ticks) | (extra_env or {})
+        out = procs.run([str(python), "-m", "benchsite.agent", *args], env, envs.SITES, timeout_s)
         return dict(json.loads(out.strip().splitlines()[-1]))
 
     def start_workers(

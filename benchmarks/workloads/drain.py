@@ -24,13 +24,16 @@ def applies(adapter: Adapter, database: str) -> bool:
     return True
 
 
-def enqueue(session: Session, adapter: Adapter, db: databases.Database, jobs: int, start: int = 0) -> None:
+def enqueue(
+    session: Session, adapter: Adapter, db: databases.Database, jobs: int, start: int = 0, env: dict[str, str] | None = None
+) -> None:
     """Queue ``jobs`` no-op jobs with the system's fastest enqueue call (not timed), then refresh statistics.
 
     A PostgreSQL server may run without autovacuum (this machine's does); ANALYZE after the bulk
     load gives every system the planner statistics autovacuum would have within a minute.
     """
-    session.agent(adapter, db, "enqueue", "--n", str(jobs), "--mode", "bulk", "--start", str(start), timeout_s=3600)
+    args = ("enqueue", "--n", str(jobs), "--mode", "bulk", "--start", str(start))
+    session.agent(adapter, db, *args, timeout_s=3600, extra_env=env)
     databases.analyze(db)
 
 
@@ -45,15 +48,19 @@ def drain_once(
     after: Callable[[databases.Database], dict[str, Any]] | None = None,
     sample_interval_s: float = 0.1,
     series_points: int = 0,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One drain on a fresh database; its metrics (``error`` set when it did not finish)."""
+    """One drain on a fresh database; its metrics (``error`` set when it did not finish).
+
+    ``env`` goes to the enqueue and to the workers (a variant of the system's settings).
+    """
     with session.fresh_database(adapter, database, label) as db:
         extra: dict[str, Any] = {}
         if before is not None:
             extra.update(before(db))
-        enqueue(session, adapter, db, jobs)
+        enqueue(session, adapter, db, jobs, env=env)
         tick_file = session.ticks_file(f"{adapter.name}-{label}")
-        group = session.start_workers(adapter, db, concurrency, tick_file)
+        group = session.start_workers(adapter, db, concurrency, tick_file, extra_env=env)
         group.start_sampling(sample_interval_s)
         try:
             finished = ticks.wait_for(tick_file, jobs, timeout_s=120 + jobs / 20, alive=group.alive)

@@ -103,8 +103,9 @@ class Dialect:
     argument_column = ""
     ordinal_column = ""
 
-    # How a limited claim (db/flow.py) locks the candidates it reads; empty where writers are serialized.
-    pick_lock = "FOR UPDATE SKIP LOCKED"
+    # Names the claim index for a limited claim's read of due jobs, where the planner may otherwise
+    # take the due index and sort every due job (see the dialects' own claims).
+    claim_index_hint = ""
     # Makes a queue's control row if it has none, leaving an existing one alone.
     insert_control = (
         "INSERT INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
@@ -120,7 +121,12 @@ class Dialect:
         raise NotImplementedError
 
     def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        """Claim these jobs, which the caller has locked (a limited claim, db/flow.py)."""
+        """Claim those of these jobs that are still claimable: due and waiting, or running under an expired lease.
+
+        A limited claim (db/flow.py) reads its candidates without locking them and claims what it
+        admitted with this: its turn keeps other limited claims away, and the condition, checked
+        under the row lock, leaves out a job that changed meanwhile.
+        """
         raise NotImplementedError
 
     def lock_gate(self, queue: str, now_ms: int) -> bool:

@@ -43,6 +43,9 @@ SLACK = 16
 # Starts are forgotten this long after their window has passed, not at once: a claimer whose
 # clock reads a little behind another's still counts every start inside its own window.
 FORGET_AFTER_MS = 60_000
+# A claimer deletes forgotten starts of a scope at most this often, not at every claim.
+PRUNE_EVERY_MS = 10_000
+_pruned_at: dict[str, int] = {}  # scope -> when this process last deleted its forgotten starts
 
 
 @dataclass
@@ -67,19 +70,24 @@ class Admission:
     key_starts: dict[str, list[int]] = field(default_factory=dict)  # start times in the last day, per key scope
     taken: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
     taken_total: int = 0
+    expired: bool = False  # a running row's lease has expired: it may be claimed again
 
     @classmethod
     def read(cls, dialect: Dialect, queue: str, now_ms: int, limits: QueueLimits) -> Admission:
         admission = cls(queue, now_ms, limits)
+        # Running rows whose lease expired count for nothing (their worker is gone) but are
+        # claimed again first: seeing whether any exist spares a read of them on most claims.
         rows = dialect.fetchall(
-            f"SELECT limit_key, COUNT(*), MIN(limit_running) FROM {JOB}"
-            " WHERE queue = %s AND status = 'running' AND lease_expires_ms > %s GROUP BY limit_key",
-            (queue, now_ms),
+            f"SELECT limit_key, SUM(CASE WHEN lease_expires_ms > %s THEN 1 ELSE 0 END), MIN(limit_running),"
+            f" MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running' GROUP BY limit_key",
+            (now_ms, queue),
         )
-        for key, count, least in rows:
-            admission.running[key] = int(count)
+        for key, count, least, first_expiry in rows:
+            if count:
+                admission.running[key] = int(count)
             if key is not None and least is not None:
                 admission.key_limit[key] = int(least)
+            admission.expired |= first_expiry is not None and first_expiry <= now_ms
         if limits.rate is not None:
             admission.queue_starts = _starts(dialect, [queue_scope(queue)], now_ms - limits.rate.period_ms).get(
                 queue_scope(queue), []
@@ -163,7 +171,7 @@ _CANDIDATE_COLUMNS = "id, limit_key, limit_running, limit_rate, limit_period_ms"
 
 
 def _candidates(
-    dialect: Dialect, queue: str, now_ms: int, count: int, skip_keys: set[str], seen: set[int], *, expired: bool, lock: bool
+    dialect: Dialect, queue: str, now_ms: int, count: int, skip_keys: set[str], seen: set[int], *, expired: bool
 ) -> list[Candidate]:
     """Jobs of ``queue`` that could start, in claim order, leaving out keys at their limit and ids already read."""
     params: list[Any] = [queue, now_ms]
@@ -179,15 +187,15 @@ def _candidates(
     if seen:
         where += f" AND id NOT IN ({', '.join(['%s'] * len(seen))})"
         params += sorted(seen)
-    suffix = f" {dialect.pick_lock}" if lock and dialect.pick_lock else ""
+    hint = "" if expired else f" {dialect.claim_index_hint}"
     rows = dialect.fetchall(
-        f"SELECT {_CANDIDATE_COLUMNS} FROM {JOB} WHERE queue = %s AND {where} ORDER BY {order} LIMIT %s{suffix}",
+        f"SELECT {_CANDIDATE_COLUMNS} FROM {JOB}{hint} WHERE queue = %s AND {where} ORDER BY {order} LIMIT %s",
         [*params, count],
     )
     return [Candidate(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
 
 
-def _admit(dialect: Dialect, admission: Admission, limit: int, *, lock: bool) -> tuple[list[Candidate], list[Candidate]]:
+def _admit(dialect: Dialect, admission: Admission, limit: int) -> tuple[list[Candidate], list[Candidate]]:
     """Pick up to ``limit`` jobs the limits let start: (jobs to claim, due jobs held back)."""
     accepted: list[Candidate] = []
     held_back: list[Candidate] = []
@@ -200,9 +208,9 @@ def _admit(dialect: Dialect, admission: Admission, limit: int, *, lock: bool) ->
             break
         count = want * 2 + SLACK
         rows = []
-        if round_ == 0:
-            rows = _candidates(dialect, admission.queue, admission.now_ms, count, skip, seen, expired=True, lock=lock)
-        rows += _candidates(dialect, admission.queue, admission.now_ms, count, skip, seen, expired=False, lock=lock)
+        if round_ == 0 and admission.expired:
+            rows = _candidates(dialect, admission.queue, admission.now_ms, count, skip, seen, expired=True)
+        rows += _candidates(dialect, admission.queue, admission.now_ms, count, skip, seen, expired=False)
         if not rows:
             break
         admission.load_rates(dialect, rows)
@@ -238,7 +246,7 @@ def claim_limited(
         if clock is not None:
             now_ms = max(now_ms, clock.now_ms())
         admission = Admission.read(dialect, queue, now_ms, limits)
-        accepted, _ = _admit(dialect, admission, limit, lock=True)
+        accepted, _ = _admit(dialect, admission, limit)
         if not accepted:
             return []
         hooks.jitter("admit")  # a claimer stalled between counting and claiming still holds the turn
@@ -258,7 +266,7 @@ def next_start(dialect: Dialect, queue: str, now_ms: int, limits: QueueLimits) -
     if dialect.fetchall(f"SELECT 1 FROM {CONTROL} WHERE queue = %s AND paused", (queue,)):
         return None
     admission = Admission.read(dialect, queue, now_ms, limits)
-    accepted, held_back = _admit(dialect, admission, 1, lock=False)
+    accepted, held_back = _admit(dialect, admission, 1)
     if accepted:
         return now_ms
     later_due, lease_due = dialect.fetchall(
@@ -289,6 +297,9 @@ def _record_starts(dialect: Dialect, admission: Admission, started: Sequence[Can
     if not rows:
         return
     for scope, period in periods.items():
+        if 0 <= admission.now_ms - _pruned_at.get(scope, 0) < PRUNE_EVERY_MS:
+            continue
+        _pruned_at[scope] = admission.now_ms
         forget = admission.now_ms - period - FORGET_AFTER_MS
         dialect.execute(f"DELETE FROM {STARTS} WHERE scope = %s AND started_ms <= %s", (scope, forget))
     marks = ", ".join(["(%s, %s)"] * len(rows))
@@ -296,10 +307,13 @@ def _record_starts(dialect: Dialect, admission: Admission, started: Sequence[Can
 
 
 def has_limited_jobs(dialect: Dialect, queue: str) -> bool:
-    """Whether ``queue`` holds a waiting or running job with a limit (one seek in ``durq_job_limited``)."""
+    """Whether ``queue`` holds a waiting or running job with a limit (one seek in ``durq_job_limited``).
+
+    A job waits or runs exactly while ``finished_ms`` is NULL, which is what the index holds.
+    """
     return bool(
         dialect.fetchall(
-            f"SELECT 1 FROM {JOB} WHERE queue = %s AND limit_key IS NOT NULL AND status IN ('waiting', 'running') LIMIT 1",
+            f"SELECT 1 FROM {JOB} WHERE queue = %s AND limit_key IS NOT NULL AND finished_ms IS NULL LIMIT 1",
             (queue,),
         )
     )

@@ -84,6 +84,7 @@ class MySQLDialect(Dialect):
     arguments_source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY, a LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS jt"
     argument_column = "jt.a"
     ordinal_column = "jt.n"
+    claim_index_hint = "FORCE INDEX (durq_job_claim)"
     insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
@@ -96,7 +97,12 @@ class MySQLDialect(Dialect):
 
     def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         marks = ", ".join(["%s"] * len(ids))
-        return self._take(self.fetchall(f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks})", list(ids)), now_ms, worker_id)
+        rows = self.fetchall(
+            f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks}) AND ((status = 'waiting' AND run_at_ms <= %s)"
+            " OR (status = 'running' AND lease_expires_ms <= %s)) FOR UPDATE",
+            [*ids, now_ms, now_ms],
+        )
+        return self._take(rows, now_ms, worker_id)
 
     def _take(self, rows: list[tuple[Any, ...]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         """Claim rows this transaction has locked; the new token and attempt count are computed from what was read."""

@@ -57,6 +57,7 @@ UPDATE {JOB} AS job SET
     lease_expires_ms = %s + job.lease_ms,
     reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
 WHERE job.id = ANY(%s::bigint[])
+    AND ((job.status = 'waiting' AND job.run_at_ms <= %s) OR (job.status = 'running' AND job.lease_expires_ms <= %s))
 RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 """
 
@@ -92,7 +93,8 @@ class PostgreSQLDialect(Dialect):
         return jobs
 
     def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        return [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, list(ids)))]
+        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, list(ids), now_ms, now_ms))
+        return [ClaimedJob.from_row(row) for row in rows]
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = [job_id for job_id, _ in leases]

@@ -50,6 +50,7 @@ UPDATE {JOB} SET
     lease_expires_ms = %s + lease_ms,
     reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END
 WHERE id IN (SELECT value FROM json_each(%s))
+    AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
 RETURNING {", ".join(CLAIM_COLUMNS)}
 """
 
@@ -72,7 +73,7 @@ class SQLiteDialect(Dialect):
     vendor = "sqlite"
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
-    pick_lock = ""
+    claim_index_hint = "INDEXED BY durq_job_claim"
     partial_indexes = True
     greatest = "MAX"
     arguments_source = "json_each(%s)"
@@ -87,7 +88,7 @@ class SQLiteDialect(Dialect):
         return jobs
 
     def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, json.dumps(list(ids))))
+        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, json.dumps(list(ids)), now_ms, now_ms))
         return [ClaimedJob.from_row(row) for row in rows]
 
     def lock_gate(self, queue: str, now_ms: int) -> bool:

@@ -2,11 +2,14 @@
 
 from django.db import migrations, models
 
-# Limited jobs of a queue, by key: claims count running jobs per key through it, and a pool learns
-# that its queue has limited jobs with one seek. Partial where the database has partial indexes
-# (see 0002), so jobs without a limit add no entry; outside the model state, as in 0002.
-_LIMITED_PARTIAL = "CREATE INDEX durq_job_limited ON durq_job (queue, limit_key, status) WHERE limit_key IS NOT NULL"
-_LIMITED_FULL = "CREATE INDEX durq_job_limited ON durq_job (queue, limit_key, status)"
+# Active limited jobs of a queue, by key: a pool learns that its queue has limited jobs with one
+# seek, however many finished ones are kept. Partial where the database has partial indexes (see
+# 0002): jobs without a limit add no entry, a claim does not move one (``finished_ms`` stays NULL
+# while a job waits or runs) and a job that ends leaves it. Outside the model state, as in 0002.
+_LIMITED_PARTIAL = (
+    "CREATE INDEX durq_job_limited ON durq_job (queue, limit_key) WHERE limit_key IS NOT NULL AND finished_ms IS NULL"
+)
+_LIMITED_FULL = "CREATE INDEX durq_job_limited ON durq_job (queue, finished_ms, limit_key)"
 
 
 def add_limited_index(apps, schema_editor):

@@ -165,8 +165,7 @@ class Pool:
         """
         mean = self._mean_job_s
         horizon_s = self.prefetch_ms / 1000
-        # Under limits a job held in the buffer counts as running and keeps its key from others.
-        if self._gated or not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
+        if not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
             return self.concurrency
         ahead = self.concurrency * horizon_s / max(mean, 1e-6)
         return self.concurrency + min(MAX_AHEAD, int(ahead))

@@ -1,8 +1,17 @@
 from benchsite.tick import tick
 
-from django_durq import job
+from django_durq import Limit, job
 
 
 @job(name="bench.noop")
 def noop(ctx, i=0):
+    tick(i)
+
+
+# Keys are plentiful: the limit never holds a job back, so a drain measures what enforcing it costs.
+KEYS = 1_000
+
+
+@job(name="bench.keyed", limit=Limit(max_running=1, key=lambda i=0: i % KEYS))
+def keyed(ctx, i=0):
     tick(i)

@@ -100,6 +100,11 @@ DATABASES["default"]["CONN_MAX_AGE"] = 600
 if SYSTEM == "durq":
     INSTALLED_APPS += ["django_durq", "bench_durq"]
     DURQ = {"QUEUES": {"default": {"concurrency": 4}}}
+    # The limits workload: a cap and a rate on the queue, set high enough never to hold a job back.
+    if os.environ.get("BENCH_DURQ_MAX_RUNNING"):
+        DURQ["QUEUES"]["default"]["max_running"] = int(os.environ["BENCH_DURQ_MAX_RUNNING"])
+    if os.environ.get("BENCH_DURQ_RATE"):
+        DURQ["QUEUES"]["default"]["rate"] = os.environ["BENCH_DURQ_RATE"]
     if os.environ.get("BENCH_DURQ_KEEP_FINISHED"):  # finished jobs kept for that many seconds
         DURQ["KEEP_FINISHED"] = float(os.environ["BENCH_DURQ_KEEP_FINISHED"])
 elif SYSTEM == "tasks-db":
