@@ -58,9 +58,9 @@ def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplica
     jobs = Job.objects.using(alias)
     # The outer savepoint lets a lock wait that times out be retried inside a caller's
     # transaction; the inner one undoes the failed insert alone. On MariaDB the turn spans the
-    # insert and the change: a failed insert keeps a shared lock on the key's index entry, and
-    # two enqueuers holding one each would wait forever to upgrade it (the turn, outside InnoDB,
-    # hides that deadlock from its detector).
+    # insert and the change: a failed insert keeps a shared lock on the key's index entry until
+    # commit, so with the turn released in between, one enqueuer would wait to lock the row
+    # while another, holding a shared lock, waits for the turn: a deadlock InnoDB cannot see.
     with transaction.atomic(using=alias), dialect_for(connections[alias]).dedupe_turn(key):
         try:
             with transaction.atomic(using=alias):
@@ -75,8 +75,8 @@ def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplica
         if found.status != Status.WAITING or found.name != values["name"]:
             return found
         changes = {column: values.get(column) for column in _TAKEN[on_duplicate]}
-        # The status is tested again by the write itself, so a running job is never changed even
-        # where the read above took no lock.
+        # The write tests the status again: SQLite ignores FOR UPDATE (the failed insert's write
+        # lock, held to commit, is what keeps a claim out there), and a running job must never change.
         if not jobs.filter(pk=found.pk, status=Status.WAITING).update(**changes):
             return None
         if values["run_at_ms"] < found.run_at_ms:

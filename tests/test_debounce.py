@@ -216,10 +216,20 @@ def _in_thread(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
-def _replacers(key: str, mode: str) -> tuple[list[int], list[int], list[str]]:
+def _stall(execute, sql, params, many, context):
+    """An injected stall before the enqueue's insert and its locking read: where a thread may lose the CPU."""
+    if sql.startswith("INSERT INTO durq_job") or sql.endswith("FOR UPDATE"):
+        time.sleep(random.uniform(0, 0.01))
+    return execute(sql, params, many, context)
+
+
+def _replacers(key: str, mode: str, *, before: Callable[[], None] | None = None) -> tuple[list[int], list[int], list[str]]:
     """``ENQUEUERS`` threads enqueue ``key`` at once, each in a transaction that stalls a little
-    while it holds the row; returns (ids returned, indexes in the order they took the row, errors)."""
-    barrier = threading.Barrier(ENQUEUERS)
+    while it holds the row; returns (ids returned, indexes in the order they took the row, errors).
+
+    ``before``, when given, runs in one more thread released by the same barrier.
+    """
+    barrier = threading.Barrier(ENQUEUERS + (before is not None))
     returned: list[int] = []
     order: list[int] = []
     errors: list[str] = []
@@ -229,14 +239,14 @@ def _replacers(key: str, mode: str) -> tuple[list[int], list[int], list[str]]:
         def enqueue() -> None:
             barrier.wait()
             try:
-                with transaction.atomic():
+                with connections["default"].execute_wrapper(_stall), transaction.atomic():
                     Order.objects.create(label=f"{key}:{index}")
                     job = jobs.effect.using(unique=key, run_in=60, on_duplicate=mode).enqueue(tag=str(index))
                     # Still holding the row (or the write lock): no other enqueuer can be in between.
                     with record:
                         returned.append(job.pk)
                         order.append(index)
-                    if mode == "replace":
+                    if mode == "replace" and job.status == Status.WAITING:
                         assert job.kwargs == {"tag": str(index)}, (index, job.kwargs)
                     time.sleep(random.uniform(0, 0.02))  # a stall while holding the row
                     Order.objects.filter(label=f"{key}:{index}").count()  # the transaction still works
@@ -245,7 +255,17 @@ def _replacers(key: str, mode: str) -> tuple[list[int], list[int], list[str]]:
 
         return enqueue
 
-    for thread in [_in_thread(enqueuer(index)) for index in range(ENQUEUERS)]:
+    def first_wait_then(run: Callable[[], None]) -> Callable[[], None]:
+        def go() -> None:
+            barrier.wait()
+            run()
+
+        return go
+
+    threads = [_in_thread(enqueuer(index)) for index in range(ENQUEUERS)]
+    if before is not None:
+        threads.append(_in_thread(first_wait_then(before)))
+    for thread in threads:
         thread.join()
     return returned, order, errors
 
@@ -278,6 +298,32 @@ def test_concurrent_reschedulers_of_one_key_end_with_one_job():
         assert returned == [active.pk] * ENQUEUERS
         # Only the first enqueuer's arguments are ever stored: the others move the due time.
         assert active.kwargs == {"tag": str(order[0])}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replacers_racing_a_finishing_holder_end_with_one_waiting_job_and_no_error():
+    """The key's running holder completes while replacers enqueue: those that saw it running get
+    it back unchanged, the others share at most one new job; nobody sees an error."""
+    store = Store("default")
+    for round_number in range(ROUNDS):
+        key, queue = f"finishing:{round_number}", f"finishing{round_number}"
+        jobs.effect.using(unique=key, queue=queue).enqueue(tag="holder")
+        (holder,) = store.claim(queue, 1, now_ms(), "w")
+
+        def complete(lease: tuple[int, int] = (holder.id, holder.claim_token)) -> None:
+            with transaction.atomic():
+                store.dialect.complete([lease])
+                time.sleep(random.uniform(0, 0.02))  # the enqueuers start while the delete is not yet committed
+
+        returned, _, errors = _replacers(key, "replace", before=complete)
+        assert errors == []
+        # Those that came after the delete made one new job; the others got the running holder.
+        active = _active(key)
+        assert set(returned) - {holder.id} == {job.pk for job in active}
+        assert len(active) <= 1
+        for job in active:
+            assert job.status == Status.WAITING and job.kwargs in [{"tag": str(index)} for index in range(ENQUEUERS)]
+        assert Order.objects.filter(label__startswith=f"{key}:").count() == ENQUEUERS
 
 
 def _claim_race(round_number: int) -> tuple[list[str], list[str], str]:
