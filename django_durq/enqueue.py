@@ -3,8 +3,9 @@
 Everything that can be refused (an unknown name, a bad option, arguments the handler cannot
 take or that are not JSON, a payload over the cap) is refused before any SQL runs, so a refused
 enqueue leaves a caller's open transaction usable. A dedupe key that is already taken by an
-active job returns that job (``job.deduplicated`` is True) instead of raising, and a race for
-the key never reaches the caller as an error.
+active job returns that job (``job.deduplicated`` is True) instead of raising, changed first
+when ``on_duplicate`` asks and it is waiting (see duplicates.py), and a race for the key never
+reaches the caller as an error.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import DEFERRED
 
-from . import wakeup
+from . import duplicates, wakeup
 from .clock import datetime_to_ms, now_ms, seconds_to_ms
 from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
 from .exceptions import InvalidPayload
+from .options import KEEP, OnDuplicate
 from .payload import encode_arguments
 from .registry import JobDefinition, registry
 
@@ -44,9 +46,9 @@ def enqueue_one(
     values = _values(definition, args, kwargs) | (columns or {})
     alias = get_settings().database
     if values["unique_key"] is None:
-        job = _jobs(values, [(_insert(values, alias), values["arguments"])], alias)[0]
+        job = _inserted(values, alias)
     else:
-        job = _insert_unique(values, alias)
+        job = _insert_unique(values, alias, definition.options.on_duplicate or KEEP)
         if job.deduplicated:
             return job
     transaction.on_commit(lambda: wakeup.notify([job.queue]), using=alias)
@@ -175,26 +177,19 @@ def _job_attnames() -> list[str]:
     return [field.attname for field in Job._meta.concrete_fields]
 
 
-def _insert_unique(values: dict[str, Any], alias: str) -> Job:
-    from .models import ACTIVE_STATUSES, Job
-
+def _insert_unique(values: dict[str, Any], alias: str, on_duplicate: OnDuplicate) -> Job:
     connection = connections[alias]
     dialect = dialect_for(connection)
     key = values["unique_key"]
-    # The savepoint keeps a caller's transaction usable when the key turns out to be taken
-    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError), and lets a
-    # lock error in the race for the key be retried.
     tries = 10
     for attempt in range(1, tries + 1):
         try:
-            with transaction.atomic(using=alias), dialect.dedupe_turn(key):
-                job_id = _insert(values, alias)
-            return _jobs(values, [(job_id, values["arguments"])], alias)[0]
-        except IntegrityError:
-            existing = Job.objects.using(alias).filter(unique_key=key, status__in=ACTIVE_STATUSES).order_by("id").first()
-            if existing is not None:
-                existing.deduplicated = True
-                return existing
+            if on_duplicate == KEEP:
+                job = _insert_or_find(values, alias)
+            else:
+                job = duplicates.insert_or_change(values, alias, on_duplicate, lambda: _inserted(values, alias))
+            if job is not None:
+                return job
             # The holder of the key finished between our insert and our look-up: try again.
         except OperationalError as error:
             # Retried only when the savepoint undid the insert alone; a database that rolled
@@ -202,6 +197,22 @@ def _insert_unique(values: dict[str, Any], alias: str) -> Job:
             if not dialect.is_lock_error(error) or connection.needs_rollback or attempt == tries:
                 raise
     raise IntegrityError(f"could not enqueue with unique key {key!r}: it keeps changing hands")
+
+
+def _insert_or_find(values: dict[str, Any], alias: str) -> Job | None:
+    """Insert the job, or return the active job holding its key; ``None`` when the key came free in between."""
+    # The savepoint keeps a caller's transaction usable when the key turns out to be taken
+    # (PostgreSQL would otherwise abort the whole transaction on the IntegrityError), and lets a
+    # lock error in the race for the key be retried.
+    try:
+        with transaction.atomic(using=alias), dialect_for(connections[alias]).dedupe_turn(values["unique_key"]):
+            return _inserted(values, alias)
+    except IntegrityError:
+        return duplicates.holder(values["unique_key"], alias)
+
+
+def _inserted(values: dict[str, Any], alias: str) -> Job:
+    return _jobs(values, [(_insert(values, alias), values["arguments"])], alias)[0]
 
 
 def _insert(values: dict[str, Any], alias: str) -> int:

@@ -127,7 +127,10 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.name}#{self.pk} ({self.status})"
 
+    # Set on the Job an enqueue returns: its dedupe key was held, so this is the holder
+    # (deduplicated), which that enqueue changed (replaced: on_duplicate "replace"/"reschedule").
     deduplicated: bool = False
+    replaced: bool = False
 
     @property
     def args(self) -> list[Any]:

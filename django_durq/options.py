@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import datetime, timedelta
+from typing import Literal
 
 from .backoff import Backoff
 from .clock import seconds_to_ms
@@ -18,6 +19,15 @@ MAX_NAME_LENGTH = 200
 MAX_QUEUE_LENGTH = 100
 MAX_UNIQUE_LENGTH = 255
 PRIORITY_RANGE = (-32768, 32767)
+
+# What an enqueue does when its dedupe key is held by a waiting job (see enqueue.py): leave that
+# job as it is, give it the new enqueue's arguments, priority and due time, or only its due time.
+# A running job is never changed, whichever is asked.
+OnDuplicate = Literal["keep", "replace", "reschedule"]
+KEEP: OnDuplicate = "keep"
+REPLACE: OnDuplicate = "replace"
+RESCHEDULE: OnDuplicate = "reschedule"
+ON_DUPLICATE: tuple[OnDuplicate, ...] = (KEEP, REPLACE, RESCHEDULE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +42,7 @@ class JobOptions:
     max_attempts: int | None = None
     lease: timedelta | float | None = None
     timeout: timedelta | float | None = None
+    on_duplicate: OnDuplicate | None = None
 
     def __post_init__(self) -> None:
         """Refuse a bad option where it is given, before any SQL, with the message ``@job`` gives."""
@@ -56,6 +67,8 @@ class JobOptions:
             check_lease(self.lease)
         if self.timeout is not None:
             check_duration("timeout", self.timeout)
+        if self.on_duplicate is not None:
+            check_on_duplicate(self.on_duplicate, self.unique)
 
 
 def check_handler_options(
@@ -106,6 +119,16 @@ def check_unique(unique: object) -> None:
         raise TypeError(f"unique must be a string (the dedupe key), not {type(unique).__name__}")
     if not unique or len(unique) > MAX_UNIQUE_LENGTH:
         raise ValueError(f"unique must be a non-empty string of at most {MAX_UNIQUE_LENGTH} characters")
+
+
+def check_on_duplicate(on_duplicate: object, unique: str | None) -> None:
+    """One of ``ON_DUPLICATE``, and only with a dedupe key: without one there is no duplicate to act on."""
+    if not isinstance(on_duplicate, str):
+        raise TypeError(f"on_duplicate must be one of {', '.join(map(repr, ON_DUPLICATE))}, not {type(on_duplicate).__name__}")
+    if on_duplicate not in ON_DUPLICATE:
+        raise ValueError(f"on_duplicate {on_duplicate!r} is not one of {', '.join(map(repr, ON_DUPLICATE))}")
+    if unique is None:
+        raise ValueError(f"on_duplicate={on_duplicate!r} acts on a dedupe key: pass unique=... too")
 
 
 def check_max_attempts(max_attempts: object) -> None:

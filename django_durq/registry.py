@@ -19,7 +19,7 @@ from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
 from .limits import Limit
-from .options import JobOptions, check_handler_options
+from .options import JobOptions, OnDuplicate, check_handler_options
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -102,8 +102,15 @@ class JobDefinition(Generic[P, R]):
         max_attempts: int | None = None,
         lease: timedelta | float | None = None,
         timeout: timedelta | float | None = None,
+        on_duplicate: OnDuplicate | None = None,
     ) -> JobDefinition[P, R]:
-        """A copy of this definition whose next ``enqueue()`` uses these options; a bad option raises here."""
+        """A copy of this definition whose next ``enqueue()`` uses these options; a bad option raises here.
+
+        ``on_duplicate`` says what an enqueue whose ``unique`` key is held by a *waiting* job
+        does: ``"keep"`` (the default) leaves that job as it is, ``"replace"`` gives it this
+        enqueue's arguments, priority and due time, ``"reschedule"`` only its due time. A job
+        already running is never changed; the enqueue returns it, as with ``"keep"``.
+        """
         if run_at is not None and run_in is not None:
             raise ValueError("pass run_at or run_in, not both")
         changes: dict[str, Any] = {
@@ -117,6 +124,7 @@ class JobDefinition(Generic[P, R]):
                 "max_attempts": max_attempts,
                 "lease": lease,
                 "timeout": timeout,
+                "on_duplicate": on_duplicate,
             }.items()
             if value is not None
         }
@@ -141,7 +149,8 @@ class JobDefinition(Generic[P, R]):
         """Queue one run per keyword dict in one INSERT.
 
         With ``using(unique=...)`` every item shares that one key, so the first is queued and the
-        others return it; to dedupe items separately, enqueue each with its own key.
+        others return it (or, with ``on_duplicate``, change it in turn); to dedupe items
+        separately, enqueue each with its own key.
         """
         from .enqueue import enqueue_many
 

@@ -1,0 +1,88 @@
+"""An enqueue whose dedupe key is already held: return the holder, changed if it waits and was asked.
+
+``on_duplicate`` (see ``options.ON_DUPLICATE``) decides. ``"keep"`` returns the holder as it
+is. ``"replace"`` and ``"reschedule"`` change a *waiting* holder of the same job type in place:
+one row stays, so the unique index on ``unique_active`` still allows one active job per key,
+and the enqueue returns the holder's id with its new values. A running holder is never changed,
+as its handler may already have read its arguments; the enqueue then returns it unchanged.
+
+The decision is taken from the row as it is under a lock held to the caller's commit:
+``SELECT … FOR UPDATE`` on PostgreSQL and MariaDB, where a claim skips the locked row and takes
+it after the commit with the new values. On SQLite the failed insert already took the
+database's one write lock, which a claim (one ``UPDATE … RETURNING``) needs too: a claim sees
+the old row or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+
+from . import wakeup
+from .db import dialect_for
+from .options import REPLACE, RESCHEDULE, OnDuplicate
+
+if TYPE_CHECKING:
+    from .models import Job
+
+# What each change takes from the new enqueue's row. The limit columns follow the arguments:
+# a Limit's key is computed from them (NULL when the handler has no limit). Queue, attempts,
+# errors and creation time stay the holder's.
+_TAKEN = {
+    REPLACE: ("arguments", "priority", "run_at_ms", "limit_key", "limit_running", "limit_rate", "limit_period_ms"),
+    RESCHEDULE: ("run_at_ms",),
+}
+
+
+def holder(key: str, alias: str) -> Job | None:
+    """The active job holding ``key``, marked ``deduplicated``; ``None`` when there is none."""
+    from .models import ACTIVE_STATUSES, Job
+
+    found = Job.objects.using(alias).filter(unique_key=key, status__in=ACTIVE_STATUSES).order_by("id").first()
+    if found is not None:
+        found.deduplicated = True
+    return found
+
+
+def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplicate, insert: Callable[[], Job]) -> Job | None:
+    """``insert()`` the job or, when its key is held, change the holder as ``on_duplicate`` asks.
+
+    Returns the new job or the holder (``deduplicated``, and ``replaced`` when changed); ``None``
+    when the key came free after the insert failed: the caller tries again.
+    """
+    from .models import Job, Status
+
+    key = values["unique_key"]
+    jobs = Job.objects.using(alias)
+    # The outer savepoint lets a lock wait that times out be retried inside a caller's
+    # transaction; the inner one undoes the failed insert alone. On MariaDB the turn spans the
+    # insert and the change: a failed insert keeps a shared lock on the key's index entry until
+    # commit, so with the turn released in between, one enqueuer would wait to lock the row
+    # while another, holding a shared lock, waits for the turn: a deadlock InnoDB cannot see.
+    with transaction.atomic(using=alias), dialect_for(connections[alias]).dedupe_turn(key):
+        try:
+            with transaction.atomic(using=alias):
+                return insert()
+        except IntegrityError:
+            pass
+        found = jobs.select_for_update().filter(unique_active=key).first()
+        if found is None:
+            return None
+        found.deduplicated = True
+        # A key is shared by every job type: another handler's arguments would be wrong for this one.
+        if found.status != Status.WAITING or found.name != values["name"]:
+            return found
+        changes = {column: values.get(column) for column in _TAKEN[on_duplicate]}
+        # The write tests the status again: SQLite ignores FOR UPDATE (the failed insert's write
+        # lock, held to commit, is what keeps a claim out there), and a running job must never change.
+        if not jobs.filter(pk=found.pk, status=Status.WAITING).update(**changes):
+            return None
+        if values["run_at_ms"] < found.run_at_ms:
+            # Idle workers may be sleeping until the old, later due time.
+            wakeup.wake_on_commit(alias, [found.queue])
+        # Read back under the lock (on MariaDB a locking read sees the latest row, not the snapshot).
+        found = jobs.select_for_update().get(pk=found.pk)
+    found.deduplicated = found.replaced = True
+    return found
