@@ -308,3 +308,35 @@ def test_limit_usage_shows_full_keys_held_back_jobs_and_rate_windows(clock):
     webhooks = usage["webhooks"]
     assert (webhooks.rate, webhooks.started_in_window, webhooks.held_back) == ("10/s", 10, len(metered) - 10)
     assert webhooks.as_dict()["keys"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limited_claim_skips_a_job_another_transaction_holds_instead_of_waiting(clock):
+    import threading
+
+    from django.db import connections, transaction
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has one writer: a transaction holding a row holds the whole database")
+    held, free = keyed("held"), keyed("free")
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(pk=held.pk))  # as an enqueue replacing its arguments does
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold_row)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        # Waiting would block here (and every other limited claim of the queue behind this one's turn).
+        assert [job.id for job in claim(clock)] == [free.id]
+    finally:
+        release.set()
+        thread.join()
+    assert [job.id for job in claim(clock)] == [held.id]

@@ -125,7 +125,8 @@ class Dialect:
 
         A limited claim (db/flow.py) reads its candidates without locking them and claims what it
         admitted with this: its turn keeps other limited claims away, and the condition, checked
-        under the row lock, leaves out a job that changed meanwhile.
+        under the row lock, leaves out a job that changed meanwhile. A row another transaction
+        has locked is skipped, not waited for, as the fast claim does.
         """
         raise NotImplementedError
 

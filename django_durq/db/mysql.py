@@ -99,7 +99,7 @@ class MySQLDialect(Dialect):
         marks = ", ".join(["%s"] * len(ids))
         rows = self.fetchall(
             f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks}) AND ((status = 'waiting' AND run_at_ms <= %s)"
-            " OR (status = 'running' AND lease_expires_ms <= %s)) FOR UPDATE",
+            " OR (status = 'running' AND lease_expires_ms <= %s)) FOR UPDATE SKIP LOCKED",
             [*ids, now_ms, now_ms],
         )
         return self._take(rows, now_ms, worker_id)

@@ -46,7 +46,9 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 """
 
-# A limited claim's update of the jobs it picked and locked (db/flow.py).
+# A limited claim's update of the jobs it admitted (db/flow.py). A row another transaction holds
+# (an enqueue replacing its arguments, an operator's cancel) is skipped, not waited for: the
+# claimer holds its queue's turn, and other claimers would wait with it.
 _CLAIM_IDS = f"""
 UPDATE {JOB} AS job SET
     status = 'running',
@@ -56,8 +58,10 @@ UPDATE {JOB} AS job SET
     started_ms = %s,
     lease_expires_ms = %s + job.lease_ms,
     reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
-WHERE job.id = ANY(%s::bigint[])
-    AND ((job.status = 'waiting' AND job.run_at_ms <= %s) OR (job.status = 'running' AND job.lease_expires_ms <= %s))
+WHERE job.id = ANY(ARRAY(
+    SELECT id FROM {JOB} WHERE id = ANY(%s::bigint[])
+        AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
+    FOR UPDATE SKIP LOCKED))
 RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
 """
 
