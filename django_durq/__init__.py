@@ -1,6 +1,6 @@
 """django-durq: a durable job queue that lives in your Django database.
 
-Public API: ``job`` (decorator), ``Limit``, ``enqueue``, ``schedule``, ``JobContext``, ``Retry``, ``Abort``,
+Public API: ``job`` (decorator), ``Limit``, ``Workflow``, ``enqueue``, ``schedule``, ``JobContext``, ``Retry``, ``Abort``,
 ``InvalidPayload``, ``UnknownJobType``, ``exclusivity``. Importing this package loads no model.
 """
 
@@ -11,6 +11,7 @@ from .enqueue import enqueue
 from .exceptions import Abort, DurqError, InvalidPayload, LeaseLost, Retry, UnknownJobType
 from .limits import Limit
 from .registry import JobDefinition, job
+from .workflows import Workflow, WorkflowError
 
 if TYPE_CHECKING:
     from .schedules import ScheduleSpec
@@ -27,6 +28,8 @@ __all__ = [
     "Limit",
     "Retry",
     "UnknownJobType",
+    "Workflow",
+    "WorkflowError",
     "enqueue",
     "exclusivity",
     "job",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .clock import Clock
 
@@ -175,3 +176,39 @@ class JobContext:
         if not held:
             self.lease_lost = True
         return held
+
+    def dependencies(self) -> list[Upstream]:
+        """The jobs this one waited for (``after=`` in a workflow), in that order: how each ended, and its result.
+
+        A fan-in callback counts them (``Counter(u.status for u in ctx.dependencies())``); a
+        step of a chain reads the one result before it. An upstream deleted since it finished
+        (``KEEP_FINISHED = 0``, for a job queued before it gained dependents) shows as finished
+        with no result.
+        """
+        import json
+
+        from .models import Dependency, Job
+
+        alias = self._store.alias
+        upstream = list(
+            Dependency.objects.using(alias).filter(job_id=self.job_id).order_by("id").values_list("depends_on_id", flat=True)
+        )
+        rows = {
+            row[0]: row[1:]
+            for row in Job.objects.using(alias).filter(pk__in=upstream).values_list("pk", "name", "status", "result")
+        }
+        found = []
+        for job_id in upstream:
+            name, status, result = rows.get(job_id, ("", "finished", None))
+            found.append(Upstream(job_id, name, status, None if result is None else json.loads(result)))
+        return found
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A job that another waited for: its id, its name, how it ended and what it returned (JSON)."""
+
+    job_id: int
+    name: str
+    status: str
+    result: Any

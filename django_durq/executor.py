@@ -27,6 +27,7 @@ from .clock import Clock, datetime_to_ms, ms_to_datetime, seconds_to_ms
 from .conf import DurqSettings
 from .context import LEASE_AT_RISK, LEASE_LOST, SHUTDOWN, TIMED_OUT, JobContext
 from .db import ClaimedJob
+from .db.dependencies import settle
 from .exceptions import Abort, InvalidPayload, Retry
 from .payload import decode_arguments, encode_json
 from .registry import JobDefinition, registry, unknown_job_message
@@ -225,6 +226,7 @@ class Executor:
         released = self.store.retrying("release", lambda d: d.release([ctx.lease], started=True, now_ms=self.clock.now_ms()))
         if not released:
             return LOST
+        self.settle_ends([job])  # an operator's cancel makes the hand-back an end
         self._wake(job.queue)
         if jobs_log.isEnabledFor(logging.INFO):
             detail = ctx.stop_detail() or "stopping"
@@ -280,7 +282,8 @@ class Executor:
     def _finish(
         self, job: ClaimedJob, ctx: JobContext, definition: JobDefinition | None, result: Any, errors: list[dict[str, Any]]
     ) -> str:
-        keep = self._keep_finished_ms(job.queue) > 0
+        # A job of a workflow, or one others wait for, is kept: its dependents read its result.
+        keep = job.workflow_id is not None or bool(job.dependents) or self._keep_finished_ms(job.queue) > 0
         stored: str | None = None
         if keep and result is not None:
             try:
@@ -302,8 +305,25 @@ class Executor:
         if not held:
             logger.warning("durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name)
             return LOST
+        self.settle_ends([job])
         self.finished_many([(job, ctx, result)])
         return FINISHED
+
+    def settle_ends(self, jobs: list[ClaimedJob]) -> None:
+        """Count the ends of these jobs for the jobs that wait for them (``db/dependencies.py``).
+
+        Right after the end's own commit; what fails here (the database went away, the process
+        dies) the maintenance sweep counts instead, a moment later. A job still waiting (one
+        that will be retried) has no end to count: its edges are left as they are.
+        """
+        ids = [job.id for job in jobs if job.dependents]
+        if not ids:
+            return
+        now = self.clock.now_ms()
+        try:
+            self.store.retrying("settle", lambda d: settle(d, now, ids), give_up_after_s=5.0)
+        except Exception:  # noqa: BLE001 - the sweep counts them
+            logger.warning("durq: could not count the end of job(s) %s for their dependents; the sweep will", ids)
 
     def finished_many(self, completions: list[tuple[ClaimedJob, JobContext, Any]]) -> None:
         """Count, log and announce a batch of jobs of one queue whose completions are recorded."""
@@ -352,6 +372,7 @@ class Executor:
         if not held:
             logger.warning("durq: job %s (%s) failed after its lease was lost; the failure was ignored", job.id, job.name)
             return LOST
+        self.settle_ends([job])  # a dead letter, or a retry an operator's cancel made final
         if run_at is not None and run_at <= now:
             self._wake(job.queue)  # due again at once: idle workers elsewhere need not wait for their poll
         extra = {**_extra(job), "duration": time.monotonic() - ctx.started_mono}
@@ -389,6 +410,8 @@ class Executor:
         errors.append(self._entry(job.attempts, Failure("cancelled", "stopped at an operator's request"), self.worker_id))
         now = self.clock.now_ms()
         held = self.store.retrying("cancel", lambda d: d.cancel_running(ctx.lease, now, json.dumps(errors)))
+        if held:
+            self.settle_ends([job])
         if held and jobs_log.isEnabledFor(logging.INFO):
             jobs_log.info("durq: job %s (%s) cancelled", job.id, job.name, extra=_extra(job))
         return CANCELLED_OUTCOME if held else LOST

@@ -96,6 +96,20 @@ class Job(models.Model):
     limit_running = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many of the key run at once.")
     limit_rate = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many of the key start per period.")
     limit_period_ms = models.PositiveIntegerField(null=True, blank=True)
+    # Workflows (see workflows.py): the workflow the job belongs to, how many of the jobs it waits
+    # for have not ended yet (it is held back, due at BLOCKED_MS, while this is above 0), how many
+    # jobs wait for it, and what it does when one it waits for ends dead or cancelled. NULL for a
+    # job outside any workflow (and nullable so that SQLite adds the columns without rebuilding
+    # the table, which would lose the partial indexes of migrations 0002 and 0005).
+    workflow_id = models.BigIntegerField(null=True, blank=True, help_text="The workflow this job belongs to.")
+    deps_left = models.PositiveIntegerField(null=True, blank=True, help_text="Jobs it waits for that have not ended.")
+    dependents = models.PositiveIntegerField(null=True, blank=True, help_text="Jobs that wait for it.")
+    on_failure = models.CharField(
+        max_length=6, null=True, blank=True, help_text="When a job it waits for fails: cancel (default) or run."
+    )
+    cancelled_by = models.BigIntegerField(
+        null=True, blank=True, help_text="The job whose failure cancelled this one; retrying that job brings it back."
+    )
     # The dedupe key while the job is active, NULL otherwise. A plain unique index on this column
     # gives "one active job per key" on every database, MariaDB included (it has no partial
     # indexes, and Django drops a conditional UniqueConstraint there with models.W036). Dead and
@@ -292,3 +306,39 @@ class JobStart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope}@{self.started_ms}"
+
+
+class Workflow(models.Model):
+    """Jobs queued together, some waiting for others (see workflows.py): one row per workflow."""
+
+    name = models.CharField(max_length=200)
+    created_ms = models.BigIntegerField()
+    on_failure = models.CharField(max_length=6, default="cancel", help_text="The default for its jobs: cancel or run.")
+
+    class Meta:
+        db_table = "durq_workflow"
+
+    def __str__(self) -> str:
+        return f"{self.name}#{self.pk}"
+
+
+class Dependency(models.Model):
+    """Job ``job_id`` waits for job ``depends_on_id`` to end; ``settled`` once that end was counted.
+
+    Each edge is counted once, by compare-and-set on ``settled``: a job that ended is never
+    counted twice by its dependents, whichever worker or sweep sees it end.
+    """
+
+    job_id = models.BigIntegerField()
+    depends_on_id = models.BigIntegerField()
+    settled = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "durq_dependency"
+        indexes = [
+            models.Index(fields=["job_id"], name="durq_dependency_job"),
+            models.Index(fields=["depends_on_id", "settled"], name="durq_dependency_upstream"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} after {self.depends_on_id}"

@@ -42,6 +42,8 @@ CLAIM_COLUMNS = (
     "created_ms",
     "stop_requested",
     "handbacks",
+    "dependents",
+    "workflow_id",
 )
 
 
@@ -63,6 +65,8 @@ class ClaimedJob:
     created_ms: int
     stop_requested: bool = False  # an operator asked it to stop: it is cancelled, never started
     handbacks: int = 0  # started attempts handed back uncounted so far
+    dependents: int | None = None  # jobs waiting for this one (workflows.py); its end must be counted
+    workflow_id: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
@@ -103,6 +107,10 @@ class Dialect:
     argument_column = ""
     ordinal_column = ""
 
+    # How a settler (db/dependencies.py) locks the edges it counts, skipping those another holds,
+    # and the dependents it updates; empty where writers are serialized.
+    edge_lock = "FOR UPDATE SKIP LOCKED"
+    row_lock = "FOR UPDATE"
     # Names the claim index for a limited claim's read of due jobs, where the planner may otherwise
     # take the due index and sort every due job (see the dialects' own claims).
     claim_index_hint = ""

@@ -9,10 +9,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 
 from .. import wakeup
+from ..db import dialect_for
+from ..db.dependencies import revive, settle
 from ..models import Job, JobQuerySet, Status
 from ..store import Store
 from .reading import alias_of, jobs_on, now_or
@@ -122,6 +124,8 @@ def _retry_batch(batch: list[int], now: int, alias: str, result: RetryResult, _d
                 holder = jobs_on(alias).active().filter(unique_key=key).values_list("pk", flat=True).first()
                 result.skipped[job_id] = f"its dedupe key {key!r} is held by active job {holder}"
             handled.add(job_id)
+        # Jobs of a workflow cancelled because these failed come back, waiting for them again.
+        revive(dialect_for(connections[alias]), retried, now)
         queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
         if queues:
             wakeup.wake_on_commit(alias, queues)
@@ -198,6 +202,8 @@ def _cancel_batch(batch: list[int], now: int, alias: str, result: CancelResult, 
             jobs_on(alias).select_for_update().filter(pk__in=batch, status=Status.WAITING).values_list("pk", flat=True)
         )
         jobs_on(alias).filter(pk__in=waiting).update(status=Status.CANCELLED, finished_ms=now)
+        # Jobs waiting for these in a workflow are cancelled with them (or run anyway), at once.
+        settle(dialect_for(connections[alias]), now, waiting)
         running = list(
             jobs_on(alias).select_for_update().filter(pk__in=batch, status=Status.RUNNING).values_list("pk", flat=True)
         )

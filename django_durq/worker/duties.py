@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.db.models import Q
+from django.db import connections, transaction
+from django.db.models import Exists, Max, OuterRef, Q
 
 from .. import schedules
 from ..conf import DurqSettings
-from ..models import Job, QueueStat, Status
+from ..db import dialect_for
+from ..db.dependencies import settle, uncounted_ends
+from ..models import Dependency, Job, QueueStat, Status, Workflow
 from .maintenance import register_duty
 
 if TYPE_CHECKING:
@@ -72,7 +75,12 @@ class RetentionDuty:
 
     def _prune(self, status: Status, where: Q, horizon_ms: int) -> int:
         jobs = Job.objects.using(self.settings.database)
-        expired = jobs.filter(where, status=status, finished_ms__lt=horizon_ms)
+        # A workflow's jobs go with their workflow (WorkflowRetention); a job others still wait
+        # on stays until its end is counted.
+        uncounted = Dependency.objects.filter(depends_on_id=OuterRef("pk"), settled=False)
+        expired = jobs.filter(where, status=status, finished_ms__lt=horizon_ms, workflow_id__isnull=True).exclude(
+            Exists(uncounted)
+        )
         deleted = 0
         after: tuple[int | None, int] | None = None
         while self._batches_left > 0:
@@ -108,6 +116,59 @@ class StatsRetention:
         return {"deleted": deleted}
 
 
+class SettleDuty:
+    """Counts job ends that the worker which ended them did not (it died, or an operator cancelled).
+
+    Each edge is counted once whoever counts it (``db/dependencies.py``), so this sweep and the
+    workers never count an end twice; it only bounds how long a missed count can wait.
+    """
+
+    name = "settle"
+
+    def __init__(self, settings: DurqSettings) -> None:
+        self.settings = settings
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        dialect = dialect_for(connections[self.settings.database])
+        if not uncounted_ends(dialect):
+            return {"edges": 0, "released": 0, "cancelled": 0}
+        result = settle(dialect, now_ms)
+        return {"edges": result.edges, "released": len(result.released), "cancelled": len(result.cancelled)}
+
+
+class WorkflowRetention:
+    """Deletes a workflow as a unit once every job of it has ended and the last ended longer ago than
+    KEEP_FINISHED (KEEP_DEAD too when one ended dead or cancelled): never part of a live workflow.
+    """
+
+    name = "workflow-retention"
+    batch_size = 100
+
+    def __init__(self, settings: DurqSettings) -> None:
+        self.settings = settings
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        alias = self.settings.database
+        deleted = 0
+        for workflow_id in Workflow.objects.using(alias).order_by("id").values_list("id", flat=True)[: self.batch_size]:
+            with transaction.atomic(using=alias):
+                jobs = Job.objects.using(alias).select_for_update().filter(workflow_id=workflow_id)
+                if jobs.filter(status__in=(Status.WAITING, Status.RUNNING)).exists():
+                    continue
+                last = jobs.aggregate(last=Max("finished_ms"))["last"] or 0
+                keep_ms = [self.settings.keep_finished_ms]
+                if jobs.filter(status__in=(Status.DEAD, Status.CANCELLED)).exists():
+                    keep_ms.append(self.settings.keep_dead_ms)  # type: ignore[arg-type]
+                if None in keep_ms or last >= now_ms - max(keep_ms):  # type: ignore[type-var]
+                    continue
+                ids = list(jobs.values_list("id", flat=True))
+                Dependency.objects.using(alias).filter(Q(job_id__in=ids) | Q(depends_on_id__in=ids)).delete()
+                Job.objects.using(alias).filter(id__in=ids).delete()
+                Workflow.objects.using(alias).filter(id=workflow_id).delete()
+                deleted += 1
+        return {"workflows": deleted}
+
+
 def _cron(runtime: Runtime) -> CronDuty:
     return CronDuty()
 
@@ -120,6 +181,16 @@ def _stats_retention(runtime: Runtime) -> StatsRetention:
     return StatsRetention(runtime.settings)
 
 
+def _settle(runtime: Runtime) -> SettleDuty:
+    return SettleDuty(runtime.settings)
+
+
+def _workflow_retention(runtime: Runtime) -> WorkflowRetention:
+    return WorkflowRetention(runtime.settings)
+
+
 register_duty(_cron)
+register_duty(_settle)
 register_duty(_retention)
+register_duty(_workflow_retention)
 register_duty(_stats_retention)

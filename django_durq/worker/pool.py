@@ -434,6 +434,7 @@ class Pool:
                     for a in missing
                     if a.finished_ms is None and a.job.id not in present and a.ctx.confirmed_until > first_try
                 }
+            self.executor.settle_ends([a.job for a in completions if a.lease in done])
             self.executor.finished_many([(a.job, a.ctx, a.result) for a in completions if a.lease in done])
             for attempt in completions:
                 if attempt.lease not in done:

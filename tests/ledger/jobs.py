@@ -377,3 +377,32 @@ def metered(ctx, log, hold=0.0):
 @job(name="tests.rated_per_key", limit=Limit(rate="4/s", key=lambda key, **_: key))
 def rated_per_key(ctx, key, log):
     _log_run(ctx, log, key, 0.0)
+
+
+@job(name="tests.step")
+def step(ctx, tag, log="", fail=False, hold=0.0):
+    """A workflow step: logs "<tag> <job id> <attempt> <started> <ended> <pid> <upstream tags…>"; returns its tag."""
+    upstream = [u.result for u in ctx.dependencies()]
+    started = time.time_ns() // 1_000_000
+    if hold:
+        time.sleep(hold)
+    if fail:
+        raise Abort(f"{tag} fails as asked")
+    if log:
+        with open(log, "a") as runs:
+            ended = time.time_ns() // 1_000_000
+            runs.write(f"{tag} {ctx.job_id} {ctx.attempt} {started} {ended} {os.getpid()} {' '.join(map(str, upstream))}\n")
+    return tag
+
+
+@job(name="tests.summary")
+def summary(ctx, log=""):
+    """A fan-in callback: logs and returns how the jobs it waited for ended."""
+    ended = ctx.dependencies()
+    counts = {status: sum(1 for u in ended if u.status == status) for status in ("finished", "dead", "cancelled")}
+    if log:
+        with open(log, "a") as runs:
+            runs.write(
+                f"summary {ctx.job_id} {ctx.attempt} {counts['finished']} {counts['dead']} {counts['cancelled']} {os.getpid()}\n"
+            )
+    return counts
