@@ -319,6 +319,7 @@ class Executor:
         ids = [job.id for job in jobs if job.dependents]
         if not ids:
             return
+        hooks.jitter("settle")  # a worker stalled between an end's commit and its count
         now = self.clock.now_ms()
         try:
             self.store.retrying("settle", lambda d: settle(d, now, ids), give_up_after_s=5.0)

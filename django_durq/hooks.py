@@ -59,7 +59,7 @@ def fail(operation: str) -> None:
 # Timing chaos: DURQ_TEST_CHAOS="<max ms>[:<probability>]" makes every race point below sleep a
 # random time up to <max ms> (with <probability>, 0.3 by default). Read once per process, so
 # worker processes started with it in their environment stall at random where threads meet.
-CHAOS_POINTS = ("claim", "admit", "renew", "dispatch", "complete", "release", "bury", "reap", "receiver", "outcome")
+CHAOS_POINTS = ("claim", "admit", "renew", "dispatch", "complete", "release", "bury", "reap", "receiver", "outcome", "settle")
 
 
 def _chaos() -> tuple[float, float]:
