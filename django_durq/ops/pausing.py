@@ -31,19 +31,19 @@ def pause(queue: str, *, now_ms: int | None = None, using: str | None = None) ->
 
 
 def _pause(queue: str, now: int, alias: str, _dialect: object) -> bool:
-    controls = QueueControl.objects.using(alias)
+    unpaused = QueueControl.objects.using(alias).filter(queue=queue, paused=False)
     with transaction.atomic(using=alias):
-        if controls.filter(queue=queue, paused=False).update(paused=True, paused_ms=now, updated_ms=now):
+        if unpaused.update(paused=True, paused_ms=now, updated_ms=now):
             return True
-        if controls.filter(queue=queue).exists():
-            return False  # paused already
         try:
-            # A savepoint: another session may insert the row first (a pause, or a limited job).
+            # No row yet, or a paused one. A savepoint, as the insert fails when the row exists.
             with transaction.atomic(using=alias):
-                controls.create(queue=queue, paused=True, paused_ms=now, limited=False, updated_ms=now)
+                QueueControl.objects.using(alias).create(queue=queue, paused=True, paused_ms=now, limited=False, updated_ms=now)
             return True
         except IntegrityError:
-            return controls.filter(queue=queue, paused=False).update(paused=True, paused_ms=now, updated_ms=now) == 1
+            # The row was there (paused), or another session inserted it first (a pause, a limited
+            # job): the answer is what this update finds, not what an earlier read saw.
+            return unpaused.update(paused=True, paused_ms=now, updated_ms=now) == 1
 
 
 def resume(queue: str, *, now_ms: int | None = None, using: str | None = None) -> bool:
