@@ -1,14 +1,15 @@
-"""The admin's Queues page: per-queue counts, oldest wait, live workers and the last hour's throughput."""
+"""The admin's Queues page: per-queue counts, oldest wait, live workers, the last hour's throughput, pause and resume."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 from django.utils.translation import ngettext
@@ -20,11 +21,12 @@ from .models import Queue
 from .ops import format_age as age
 from .ops import local_time as when
 from .ops.stats import COUNT_CAP
+from .options import check_queue
 
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    """The Queues page: counts, oldest wait, live workers and the last hour's throughput."""
+    """The Queues page: counts, oldest wait, live workers and the last hour's throughput; pause and resume a queue."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -35,8 +37,48 @@ class QueueAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        """Pausing and resuming take the "change queue" permission (the page itself changes nothing)."""
+        codename = get_permission_codename("change", self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
     def get_urls(self) -> list[URLPattern]:
-        return [path("", self.admin_site.admin_view(self.dashboard_view), name="django_durq_queue_changelist")]
+        view = self.admin_site.admin_view
+        return [
+            path("", view(self.dashboard_view), name="django_durq_queue_changelist"),
+            path("pause/", view(self.pause_view), name="django_durq_queue_pause"),
+            path("resume/", view(self.resume_view), name="django_durq_queue_resume"),
+        ]
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        return self._switch(request, pausing=True)
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        return self._switch(request, pausing=False)
+
+    def _switch(self, request: HttpRequest, pausing: bool) -> HttpResponse:
+        """Pause or resume the queue named in the POST, then back to the Queues page with what happened."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        queue = request.POST.get("queue", "")
+        try:
+            check_queue(queue)
+        except ValueError as error:
+            return HttpResponseBadRequest(str(error))
+        if pausing:
+            done = ops.pause(queue)
+            text = (
+                f"Paused queue “{queue}”: workers start none of its jobs until it is resumed; running jobs finish."
+                if done
+                else f"Queue “{queue}” was already paused."
+            )
+        else:
+            done = ops.resume(queue)
+            text = f"Resumed queue “{queue}”: its due jobs start now." if done else f"Queue “{queue}” was not paused."
+        self.message_user(request, text, messages.SUCCESS if done else messages.INFO)
+        return HttpResponseRedirect(reverse("admin:django_durq_queue_changelist"))
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -61,11 +103,13 @@ class QueueAdmin(admin.ModelAdmin):
                 {
                     "stats": row,
                     "oldest": age(row.oldest_wait_ms),
+                    "paused_since": when(row.paused_ms),
                     **{state: _capped(getattr(row, state)) for state in ("waiting", "delayed", "running", "dead")},
                 }
                 for row in rows
             ],
             "workers": workers,
+            "can_pause": self.has_pause_permission(request),
             "unserved": [
                 unserved_warning(queue, count) for queue, count in ops.unserved(now_ms=now, count_cap=COUNT_CAP).items()
             ],

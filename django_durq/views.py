@@ -42,7 +42,9 @@ def _authorize(request: HttpRequest) -> None:
 @require_GET
 def health(request: HttpRequest) -> HttpResponse:
     """200 when the database answers, enough workers are live, no due job waited too long and every
-    queue holding due jobs has a live worker (``unserved_queues`` names those that have none); else 503."""
+    queue holding due jobs has a live worker (``unserved_queues`` names those that have none); else 503.
+
+    A paused queue's jobs count for neither; ``paused_queues`` names the paused queues."""
     _authorize(request)
     options = get_settings().monitoring
     report = ops.health(now_ms=now_ms(), max_wait_ms=options.max_wait_ms, min_workers=options.min_workers)
@@ -82,6 +84,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for row in rows:
             lines.append(f'{metric}{{queue="{_label(row.queue)}"}} {getattr(row, attribute)}')
+    lines += [
+        "# HELP durq_queue_paused 1 while the queue is paused (no worker starts its jobs), else 0.",
+        "# TYPE durq_queue_paused gauge",
+    ]
+    for row in rows:
+        lines.append(f'durq_queue_paused{{queue="{_label(row.queue)}"}} {int(row.paused)}')
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
 
 

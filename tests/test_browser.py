@@ -1,4 +1,4 @@
-"""The admin in headless Chromium: dead letters (retry, purge), the Queues page, permissions, escaping.
+"""The admin in headless Chromium: dead letters (retry, purge), the Queues page (pause, resume), permissions, escaping.
 
 Uses Debian's ``chromium`` and ``chromium-driver`` through Selenium; one browser for the session.
 Set ``DURQ_SCREENSHOT_DIR`` to save the pages shown in the docs (``docs/img``).
@@ -280,8 +280,8 @@ def test_queues_page_shows_counts_workers_and_the_chart(site):
     site.wait_for("#durq-queues")
     rows = {row.get_attribute("data-queue"): row.text for row in site.find("#durq-queues tbody tr")}
     assert set(rows) >= {"default", "fast", "slow"}
-    assert rows["default"].split()[:5] == ["default", "12", "0", "0", "2"]
-    assert rows["slow"].split()[:5] == ["slow", "1", "0", "1", "2"]
+    assert rows["default"].split()[:6] == ["default", "Active", "12", "0", "0", "2"]
+    assert rows["slow"].split()[:6] == ["slow", "Active", "1", "0", "1", "2"]
     assert len(site.find("#durq-throughput rect.durq-finished")) == 60
     assert len(site.find("#durq-throughput rect.durq-failed")) > 0
     stats = {row.queue: row for row in ops.stats()}
@@ -395,3 +395,45 @@ def test_a_queue_no_live_worker_serves_is_flagged_at_the_top_of_the_queues_page(
     assert (
         warning.text == "3 jobs are due in queue “video”, and no live worker serves it: they wait until a worker runs that queue."
     )
+
+
+def test_a_queue_is_paused_and_resumed_from_the_queues_page(site):
+    user("operator", superuser=True)
+    user("viewer", "view_queue")
+    now = now_ms()
+    base = {
+        "name": "email.send_receipt",
+        "arguments": json.dumps({"args": [], "kwargs": {}}),
+        "created_ms": now,
+        "lease_ms": 60_000,
+    }
+    Job.objects.bulk_create([Job(queue="fast", run_at_ms=now - 5_000, **base) for _ in range(2)])
+    site.login("operator")
+    site.open("/admin/django_durq/queue/")
+    site.wait_for("#durq-queues")
+    site.find('tr[data-queue="fast"] button.durq-pause')[0].click()
+    site.wait_for("ul.messagelist")
+    assert site.messages() == ["Paused queue “fast”: workers start none of its jobs until it is resumed; running jobs finish."]
+    row = site.find('tr[data-queue="fast"]')[0]
+    assert row.text.split()[:3] == ["fast", "Paused", "2"]
+    assert "Paused since" in site.find('tr[data-queue="fast"] .durq-paused')[0].get_attribute("title")
+    assert site.find('tr[data-queue="default"] button.durq-pause'), "the other queues stay as they were"
+    assert set(ops.paused_queues()) == {"fast"}
+    assert not site.find("#durq-unserved"), "a paused queue's due jobs are not reported as unserved"
+    site.screenshot("admin-queues-paused.png")
+
+    site.login("viewer")
+    site.open("/admin/django_durq/queue/")
+    site.wait_for("#durq-queues")
+    assert "Paused" in site.find('tr[data-queue="fast"]')[0].text
+    assert not site.find("button.durq-pause") and not site.find("button.durq-resume"), "viewing is not pausing"
+
+    site.login("operator")
+    site.open("/admin/django_durq/queue/")
+    site.wait_for("#durq-queues")
+    site.find('tr[data-queue="fast"] button.durq-resume')[0].click()
+    site.wait_for("ul.messagelist")
+    assert site.find("ul.messagelist:not(#durq-unserved) li")[0].text == "Resumed queue “fast”: its due jobs start now."
+    assert site.find('tr[data-queue="fast"]')[0].text.split()[:2] == ["fast", "Active"]
+    assert "2 jobs are due in queue “fast”" in site.find("#durq-unserved")[0].text, "resumed, they wait for a worker again"
+    assert ops.paused_queues() == {}

@@ -340,6 +340,7 @@ def test_health():
         "workers": 1,
         "oldest_wait_seconds": None,
         "unserved_queues": {},
+        "paused_queues": [],
         "problems": [],
     }
     make_job("waiting", run_at_ms=NOW - 400_000)

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 JOB = "durq_job"
 
+# True while an operator has paused the job's queue (see ops/pausing.py); its one %s is the queue.
+# It reads the control row by primary key and does not depend on the job row, so a database
+# evaluates it once per statement: a queue with no control row costs one index probe.
+NOT_PAUSED = "NOT EXISTS (SELECT 1 FROM durq_queue_control AS control WHERE control.queue = %s AND control.paused)"
+
 # Columns a claim hands to the worker; the payload of a job that is not being run is never read.
 CLAIM_COLUMNS = (
     "id",
@@ -232,11 +237,15 @@ class Dialect:
             return list(cursor.fetchall())
 
     def due_times(self, queue: str) -> tuple[int | None, int | None]:
-        """When ``queue``'s first waiting job is due and its first lease expires; a read that takes no write lock."""
+        """When ``queue``'s first waiting job is due and its first lease expires; a read that takes no write lock.
+
+        Both are None while the queue is paused: its idle workers then sleep until a wake-up (the
+        resume sends one) or their poll interval, instead of claiming nothing again and again.
+        """
         rows = self.fetchall(
-            f"SELECT (SELECT MIN(run_at_ms) FROM {JOB} WHERE queue = %s AND status = 'waiting'),"
-            f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running')",
-            (queue, queue),
+            f"SELECT (SELECT MIN(run_at_ms) FROM {JOB} WHERE queue = %s AND status = 'waiting' AND {NOT_PAUSED}),"
+            f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running' AND {NOT_PAUSED})",
+            (queue, queue, queue, queue),
         )
         return rows[0][0], rows[0][1]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect
 
 _COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
 
@@ -27,13 +27,14 @@ _COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
 _PICK_EXPIRED = f"""
 SELECT {_COLUMNS} FROM {JOB} FORCE INDEX (durq_job_claim)
 WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts AND limit_key IS NULL
+    AND {NOT_PAUSED}
 ORDER BY lease_expires_ms LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 
 _PICK_DUE = f"""
 SELECT {_COLUMNS} FROM {JOB} FORCE INDEX (durq_job_claim)
-WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL
+WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL AND {NOT_PAUSED}
 ORDER BY priority DESC, run_at_ms, id LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
@@ -54,10 +55,11 @@ JOB_IDS_ABOVE = f"SELECT id FROM {JOB} WHERE id > %s ORDER BY id LIMIT 1000"
 def due_queues_among(count: int) -> str:
     """Which of ``count`` queues have a waiting job due by a time: one index seek each (``durq_job_due``).
 
-    The watcher's second look: a job handed back, retried or put back by an operator becomes due
-    without a new id, and only this sees it.
+    Parameters per queue: (queue, time, queue). The watcher's second look: a job handed back,
+    retried or put back by an operator becomes due without a new id, and only this sees it. A
+    paused queue has nothing due here, so its resume makes it due and wakes its workers.
     """
-    part = f"(SELECT queue FROM {JOB} WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s LIMIT 1)"
+    part = f"(SELECT queue FROM {JOB} WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND {NOT_PAUSED} LIMIT 1)"
     return " UNION ALL ".join([part] * count)
 
 
@@ -90,9 +92,9 @@ class MySQLDialect(Dialect):
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         alias = self.connection.alias
         with transaction.atomic(using=alias):
-            rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, limit))
+            rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
             if len(rows) < limit:
-                rows += self.fetchall(_PICK_DUE, (queue, now_ms, limit - len(rows)))
+                rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))
             return self._take(rows, now_ms, worker_id)
 
     def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:

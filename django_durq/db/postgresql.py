@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease, own_connection
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, own_connection
 
 # A CTE that locks rows is always materialized, so it works as an optimization fence: the
 # planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
@@ -23,12 +23,13 @@ from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease, own_connection
 _CLAIM = f"""
 WITH expired AS (
     SELECT id, priority, run_at_ms FROM {JOB}
-    WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts AND limit_key IS NULL
+    WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
+        AND limit_key IS NULL AND {NOT_PAUSED}
     ORDER BY lease_expires_ms LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT id, priority, run_at_ms FROM {JOB}
-    WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL
+    WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL AND {NOT_PAUSED}
     ORDER BY priority DESC, run_at_ms, id LIMIT %s
     FOR UPDATE SKIP LOCKED
 ), picked AS (
@@ -92,7 +93,7 @@ class PostgreSQLDialect(Dialect):
     ordinal_column = "n"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        params = (queue, now_ms, limit, queue, now_ms, limit, limit, worker_id, now_ms, now_ms)
+        params = (queue, now_ms, queue, limit, queue, now_ms, queue, limit, limit, worker_id, now_ms, now_ms)
         jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM, params)]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs

@@ -11,7 +11,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 
-from .base import CLAIM_COLUMNS, JOB, ClaimedJob, Dialect, Lease
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease
 
 # INDEXED BY: without statistics SQLite may read the due index and sort every waiting row; the
 # claim index (waiting rows only, see migration 0002) already holds them in claim order.
@@ -28,12 +28,12 @@ WHERE id IN (
     SELECT id FROM (
         SELECT id FROM {JOB}
         WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
-            AND limit_key IS NULL
+            AND limit_key IS NULL AND {NOT_PAUSED}
         ORDER BY lease_expires_ms LIMIT %s)
     UNION ALL
     SELECT id FROM (
         SELECT id FROM {JOB} INDEXED BY durq_job_claim
-        WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL
+        WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL AND {NOT_PAUSED}
         ORDER BY priority DESC, run_at_ms, id LIMIT %s)
     LIMIT %s)
 RETURNING {", ".join(CLAIM_COLUMNS)}
@@ -83,7 +83,7 @@ class SQLiteDialect(Dialect):
     ordinal_column = "key"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        params = (worker_id, now_ms, now_ms, queue, now_ms, limit, queue, now_ms, limit, limit)
+        params = (worker_id, now_ms, now_ms, queue, now_ms, queue, limit, queue, now_ms, queue, limit, limit)
         jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM, params)]
         # RETURNING gives rows in no defined order; hand them out in claim order.
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))

@@ -1,15 +1,16 @@
-"""Operating the queue: list dead letters and recent jobs, retry, purge, cancel, and per-queue stats.
+"""Operating the queue: list dead letters and recent jobs, retry, purge, cancel, pause and resume, per-queue stats.
 
 The admin actions, the ``durq`` management command and the monitoring views are thin callers of
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
 batches of ids so that no statement holds locks on a large part of the table. One module per
-concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.limits`, :mod:`.formatting`; their public names
-are all here.
+concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.pausing`, :mod:`.limits`,
+:mod:`.formatting`; their public names are all here.
 """
 
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
 from .formatting import format_age, local_time
 from .limits import KeyAtLimit, LimitUsage, limit_usage
+from .pausing import pause, paused_queues, resume
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
 
@@ -33,9 +34,12 @@ __all__ = [
     "limit_usage",
     "live_workers",
     "local_time",
+    "pause",
+    "paused_queues",
     "purge",
     "queue_names",
     "recent",
+    "resume",
     "retry",
     "retry_failed",
     "stats",

@@ -8,7 +8,7 @@ from typing import cast
 from .. import presence
 from ..clock import now_ms as clock_now_ms
 from ..conf import get_settings
-from ..models import Job, JobQuerySet, Status, WorkerProcess
+from ..models import Job, JobQuerySet, QueueControl, Status, WorkerProcess
 from ..presence import Liveness
 from ..registry import registry
 from ..store import Store
@@ -57,7 +57,9 @@ def jobs_by_id(ids: list[int], *, using: str | None = None) -> dict[int, Job]:
 
 
 def queue_names(using: str | None = None) -> list[str]:
-    """Queues in settings, in the registry, or holding rows; found by index seeks, not DISTINCT.
+    """Queues in settings, in the registry, holding rows or paused; found by index seeks, not DISTINCT.
+
+    A paused queue is listed even with no job, so that it can be seen and resumed.
 
     Where the queue's indexes are partial (SQLite, PostgreSQL: migration 0002), no one index
     leads with ``queue`` over every row: the seeks go through the waiting, the running and the
@@ -65,6 +67,7 @@ def queue_names(using: str | None = None) -> list[str]:
     """
     alias = alias_of(using)
     names = set(get_settings().queues) | registry.queues()
+    names.update(QueueControl.objects.using(alias).filter(paused=True).values_list("queue", flat=True))
     jobs = jobs_on(alias)
     if Store(alias).dialect.partial_indexes:
         scopes = [jobs.filter(status=Status.WAITING), jobs.filter(status=Status.RUNNING), jobs.filter(finished_ms__isnull=False)]

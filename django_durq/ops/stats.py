@@ -10,6 +10,7 @@ from django.db.models import Min, Sum
 from django.utils.translation import ngettext
 
 from ..models import JobQuerySet, QueueStat
+from .pausing import paused_queues
 from .reading import alias_of, jobs_on, live_workers, now_or, queue_names, worker_queues
 
 COUNT_CAP = 10_000  # a count shown to people (the admin's pages, the health check) stops here
@@ -31,6 +32,8 @@ class QueueStats:
     failed_last_hour: int
     workers: int  # live worker processes serving this queue
     slots: int  # their pool sizes for this queue, added up
+    paused: bool  # an operator paused it: no worker starts its jobs (ops.pause)
+    paused_ms: int | None  # since when
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -67,6 +70,7 @@ def stats(*, now_ms: int | None = None, count_cap: int | None = None, using: str
         for queue, (done, bad) in totals.items():
             sums[(queue, window)] = (round(done), round(bad))
     workers = [worker_queues(worker) for worker in live_workers(now_ms=now, using=alias)]
+    paused = paused_queues(using=alias)
     result = []
     for queue in queue_names(alias):
         jobs = jobs_on(alias).in_queue(queue)
@@ -87,6 +91,8 @@ def stats(*, now_ms: int | None = None, count_cap: int | None = None, using: str
                 failed_last_hour=last_hour[1],
                 workers=len(serving),
                 slots=sum(serving),
+                paused=queue in paused,
+                paused_ms=paused.get(queue),
             )
         )
     return result
@@ -131,12 +137,17 @@ def throughput(
 def health(
     *, now_ms: int | None = None, max_wait_ms: int = 300_000, min_workers: int = 1, using: str | None = None
 ) -> dict[str, Any]:
-    """Is the queue healthy: database reachable, enough live workers, no job waiting too long."""
+    """Is the queue healthy: database reachable, enough live workers, no job waiting too long.
+
+    A paused queue's jobs wait because an operator asked for it: they count neither as waiting
+    too long nor as unserved. ``paused_queues`` names the paused queues, for the record.
+    """
     now = now_or(now_ms)
     alias = alias_of(using)
     try:
         workers = len(live_workers(now_ms=now, using=alias))
-        waits = [_oldest_wait_ms(jobs_on(alias).in_queue(queue), now) for queue in queue_names(alias)]
+        paused = paused_queues(using=alias)
+        waits = [_oldest_wait_ms(jobs_on(alias).in_queue(queue), now) for queue in queue_names(alias) if queue not in paused]
         stranded = unserved(now_ms=now, count_cap=COUNT_CAP, using=alias)
     except DatabaseError as error:
         return {"healthy": False, "database": f"unreachable: {type(error).__name__}", "problems": ["database unreachable"]}
@@ -156,6 +167,7 @@ def health(
         "workers": workers,
         "oldest_wait_seconds": None if oldest is None else oldest / 1000,
         "unserved_queues": stranded,
+        "paused_queues": sorted(paused),
         "problems": problems,
     }
 
@@ -164,13 +176,17 @@ def unserved(*, now_ms: int | None = None, count_cap: int | None = None, using: 
     """Queues holding due jobs that no live worker serves, by name, with how many are due.
 
     Those jobs wait until a worker runs their queue: a queue missing from a worker's
-    configuration, or a misspelt name, shows up here. A count stops at ``count_cap + 1``.
+    configuration, or a misspelt name, shows up here. A paused queue does not: its jobs wait
+    until it is resumed, served or not. A count stops at ``count_cap + 1``.
     """
     now = now_or(now_ms)
     alias = alias_of(using)
     served = {queue for worker in live_workers(now_ms=now, using=alias) for queue in worker_queues(worker)}
+    left_alone = served | set(paused_queues(using=alias))
     counts = {
-        queue: _count(jobs_on(alias).in_queue(queue).due(now), count_cap) for queue in queue_names(alias) if queue not in served
+        queue: _count(jobs_on(alias).in_queue(queue).due(now), count_cap)
+        for queue in queue_names(alias)
+        if queue not in left_alone
     }
     return {queue: count for queue, count in counts.items() if count}
 

@@ -115,12 +115,12 @@ class Watcher:
                     ids += [row[0] for row in cursor.fetchall()]
                 if gaps.saw(sorted(ids), time.monotonic()):
                     wakeup.notify_all()
-                # A queue that had nothing due and now has: a hand-back, a retry or an operator's
-                # retry made an existing job due (a queue that stays busy needs no wake-up).
+                # A queue that had nothing due and now has: a hand-back, a retry, an operator's
+                # retry or a resume made an existing job due (a queue that stays busy needs no wake-up).
                 queues = wakeup.subscribed()
                 if queues:
                     now = now_ms()
-                    cursor.execute(due_queues_among(len(queues)), [value for queue in queues for value in (queue, now)])
+                    cursor.execute(due_queues_among(len(queues)), [value for queue in queues for value in (queue, now, queue)])
                     now_due = {row[0] for row in cursor.fetchall()}
                     if now_due - due:
                         wakeup.notify(now_due - due)

@@ -1,4 +1,4 @@
-"""``manage.py durq stats|show|recent|failed|retry|purge|cancel|schedules``: operate the queue from the shell.
+"""``manage.py durq stats|show|recent|failed|retry|purge|cancel|pause|resume|schedules``: operate the queue from the shell.
 
 Thin: arguments are checked at the edge (a bad one exits with status 2 and one line saying
 why), then :mod:`django_durq.ops` does the work. A retry or cancel that leaves some of the
@@ -69,7 +69,7 @@ def queue_name(text: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Operate the queue: stats, show, recent, failed, retry, purge, cancel, schedules."
+    help = "Operate the queue: stats, show, recent, failed, retry, purge, cancel, pause, resume, schedules."
     requires_system_checks: list[str] = []  # an operator needs these most when something is wrong
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -77,7 +77,7 @@ class Command(BaseCommand):
         commands = parser.add_subparsers(
             dest="action",
             required=True,
-            metavar="{stats,show,recent,failed,retry,purge,cancel,schedules}",
+            metavar="{stats,show,recent,failed,retry,purge,cancel,pause,resume,schedules}",
             parser_class=OneLineParser,
         )
 
@@ -111,6 +111,12 @@ class Command(BaseCommand):
         cancel = commands.add_parser("cancel", help="Cancel waiting jobs; ask running ones to stop.")
         cancel.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Job ids.")
 
+        pause = commands.add_parser("pause", help="Start no more jobs of these queues, on any worker; running jobs finish.")
+        pause.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE", help="Queue names.")
+
+        resume = commands.add_parser("resume", help="Start jobs of these paused queues again, at once.")
+        resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE", help="Queue names.")
+
         commands.add_parser("schedules", help="Cron schedules with their last and next due time.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -141,11 +147,14 @@ class Command(BaseCommand):
             )
 
     def _stats_table(self, rows: list[ops.QueueStats]) -> None:
-        table = [["QUEUE", "WAITING", "DELAYED", "RUNNING", "DEAD", "OLDEST WAIT", "DONE 1m/1h", "FAILED 1m/1h", "WORKERS"]]
+        table = [
+            ["QUEUE", "STATE", "WAITING", "DELAYED", "RUNNING", "DEAD", "OLDEST WAIT", "DONE 1m/1h", "FAILED 1m/1h", "WORKERS"]
+        ]
         for row in rows:
             table.append(
                 [
                     row.queue,
+                    "paused" if row.paused else "active",
                     str(row.waiting),
                     str(row.delayed),
                     str(row.running),
@@ -285,6 +294,29 @@ class Command(BaseCommand):
         verb = "Would purge" if options["dry_run"] else "Purged"
         letters = ngettext("%(count)d dead letter", "%(count)d dead letters", count) % {"count": count}
         self.stdout.write(f"{verb} {letters}{where} that died at or before {bound}.")
+
+    def do_pause(self, options: dict[str, Any]) -> None:
+        now = now_ms()
+        known = set(ops.queue_names())
+        for queue in dict.fromkeys(options["queues"]):
+            if ops.pause(queue, now_ms=now):
+                self.stdout.write(f"Paused queue {queue!r}: workers start none of its jobs; running jobs finish.")
+            else:
+                since = ops.local_time(ops.paused_queues().get(queue))
+                self.stdout.write(f"Queue {queue!r} was already paused (since {since}).")
+            if queue not in known:
+                # Allowed (a queue may be paused before its first job), but more often a typo.
+                self.stderr.write(
+                    self.style.WARNING(f"Warning: no queue {queue!r} is configured, registered or holds jobs: is it misspelt?")
+                )
+
+    def do_resume(self, options: dict[str, Any]) -> None:
+        now = now_ms()
+        for queue in dict.fromkeys(options["queues"]):
+            if ops.resume(queue, now_ms=now):
+                self.stdout.write(f"Resumed queue {queue!r}: its due jobs start now.")
+            else:
+                self.stdout.write(f"Queue {queue!r} was not paused.")
 
     def do_cancel(self, options: dict[str, Any]) -> None:
         result = ops.cancel(options["ids"], now_ms=now_ms())
