@@ -53,6 +53,8 @@ class Settled:
 def settle(dialect: Dialect, now_ms: int, upstream: Sequence[int] | None = None) -> Settled:
     """Count the ends of ``upstream`` jobs (every ended job when None) for the jobs waiting on them."""
     result = Settled()
+    if upstream is not None and not upstream:
+        return result
     pending: Sequence[int] | None = upstream
     with transaction.atomic(using=dialect.connection.alias):
         while True:
