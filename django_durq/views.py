@@ -90,7 +90,30 @@ def metrics(request: HttpRequest) -> HttpResponse:
     ]
     for row in rows:
         lines.append(f'durq_queue_paused{{queue="{_label(row.queue)}"}} {int(row.paused)}')
+    lines += _limit_lines()
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+LIMIT_GAUGES = [
+    ("durq_limit_running", "running", "Running jobs of the queue, as its limits count them (unexpired leases)."),
+    ("durq_limit_max_running", "max_running", "The queue's max_running (absent: none)."),
+    ("durq_limit_started_in_window", "started_in_window", "Starts in the queue's rate window ending now."),
+    ("durq_limit_keys_at_limit", "keys_at_limit", "Keys whose jobs wait because the key is at its limit."),
+    ("durq_limit_held_back", "held_back", "Due jobs held back by a limit."),
+]
+
+
+def _limit_lines() -> list[str]:
+    """Limits at work, for queues with limits of their own or limited jobs."""
+    usage = ops.limit_usage(now_ms=now_ms())
+    lines: list[str] = []
+    for metric, attribute, help_text in LIMIT_GAUGES:
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for row in usage:
+            value = getattr(row, attribute)
+            if value is not None:
+                lines.append(f'{metric}{{queue="{_label(row.queue)}"}} {value}')
+    return lines
 
 
 def _label(value: str) -> str:

@@ -340,3 +340,31 @@ def test_a_limited_claim_skips_a_job_another_transaction_holds_instead_of_waitin
         release.set()
         thread.join()
     assert [job.id for job in claim(clock)] == [held.id]
+
+
+@pytest.mark.urls("tests.test_admin")
+def test_durq_limits_and_the_metrics_show_limits_at_work(clock, settings):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.test import Client
+
+    keyed("a"), keyed("a")
+    claim(clock)
+    out = StringIO()
+    call_command("durq", "limits", stdout=out)
+    text = out.getvalue()
+    assert text.splitlines()[0].split() == ["QUEUE", "RUNNING", "STARTED/WINDOW", "KEYS", "AT", "LIMIT", "HELD", "BACK"]
+    assert "default: key 'a' at its limit (1/1 running)" in text
+    assert [line.split() for line in text.splitlines() if line.startswith("video")] == [["video", "0/3", "-", "0", "0"]]
+    out = StringIO()
+    call_command("durq", "limits", "--queue", "default", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())
+    assert (row["queue"], row["keys_at_limit"], row["held_back"], row["keys"][0]["key"]) == ("default", 1, 1, "a")
+    settings.DURQ = {**settings.DURQ, "MONITORING": {"PUBLIC": True}}
+    body = Client().get("/durq/metrics/").content.decode()
+    assert 'durq_limit_keys_at_limit{queue="default"} 1' in body
+    assert 'durq_limit_held_back{queue="default"} 1' in body
+    assert 'durq_limit_max_running{queue="video"} 3' in body
+    assert 'durq_limit_max_running{queue="default"}' not in body  # no limit of its own

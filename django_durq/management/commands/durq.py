@@ -119,10 +119,19 @@ class Command(BaseCommand):
 
         commands.add_parser("schedules", help="Cron schedules with their last and next due time.")
 
+        limits = commands.add_parser("limits", help="Limits at work: running and started against limits, keys at theirs.")
+        limits.add_argument("--queue", type=queue_name, help="Only this queue.")
+        limits.add_argument("--json", action="store_true", help="Print JSON.")
+
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"do_{options['action']}")(options)
 
     # --- subcommands -------------------------------------------------------------------------------
+
+    def do_limits(self, options: dict[str, Any]) -> None:
+        from ..limits_cli import show_limits
+
+        show_limits(self, options)
 
     def do_schedules(self, options: dict[str, Any]) -> None:
         from ...schedules import format_schedules
