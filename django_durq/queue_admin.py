@@ -109,6 +109,7 @@ class QueueAdmin(admin.ModelAdmin):
                 for row in rows
             ],
             "workers": workers,
+            "limits": ops.limit_usage(now_ms=now),
             "can_pause": self.has_pause_permission(request),
             "unserved": [
                 unserved_warning(queue, count) for queue, count in ops.unserved(now_ms=now, count_cap=COUNT_CAP).items()

@@ -368,3 +368,14 @@ def test_durq_limits_and_the_metrics_show_limits_at_work(clock, settings):
     assert 'durq_limit_held_back{queue="default"} 1' in body
     assert 'durq_limit_max_running{queue="video"} 3' in body
     assert 'durq_limit_max_running{queue="default"}' not in body  # no limit of its own
+
+
+@pytest.mark.urls("tests.test_admin")
+def test_the_queues_page_shows_limits_at_work(clock, admin_client):
+    keyed("a"), keyed("a")
+    claim(clock)
+    page = admin_client.get("/admin/django_durq/queue/").content.decode()
+    table = page[page.index('id="durq-limits"') :]
+    table = table[: table.index("</table>")]
+    assert "<code>a</code> (1/1 running)" in table
+    assert '<th scope="row">video</th>' in table and "0 / 3" in table
