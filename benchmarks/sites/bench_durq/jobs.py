@@ -15,3 +15,12 @@ KEYS = 1_000
 @job(name="bench.keyed", limit=Limit(max_running=1, key=lambda i=0: i % KEYS))
 def keyed(ctx, i=0):
     tick(i)
+
+
+# The fan-in callback of the workflows workload: its tick (number -1) marks when it started.
+CALLBACK_TICK = -1
+
+
+@job(name="bench.callback")
+def callback(ctx):
+    tick(CALLBACK_TICK)

@@ -200,6 +200,21 @@ def cmd_durq_feed(args):
     return durq_feed.feed(args.n, args.batch, args.backlog, args.rate)
 
 
+def cmd_durq_workflow(args):
+    """One workflow of ``n`` no-op jobs and a callback that waits for all of them, in one transaction."""
+    setup_django()
+    from bench_durq.jobs import callback, noop
+
+    from django_durq import Workflow
+
+    started = time.perf_counter()
+    flow = Workflow("fan-out")
+    members = [flow.add(noop, i=i) for i in range(args.n)]
+    flow.add(callback, after=members)
+    flow.enqueue()
+    return {"n": args.n, "seconds": time.perf_counter() - started}
+
+
 def cmd_admin_render(args):
     setup_django()
     from benchsite import durq_scale
@@ -254,6 +269,9 @@ def main(argv=None):
     p.add_argument("--backlog", type=int, default=20000)
     p.add_argument("--rate", type=float, default=0, help="jobs a second at most (0: as fast as drained)")
     p.set_defaults(func=cmd_durq_feed)
+    p = sub.add_parser("durq-workflow")
+    p.add_argument("--n", type=int, required=True)
+    p.set_defaults(func=cmd_durq_workflow)
     p = sub.add_parser("admin-render")
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=cmd_admin_render)
