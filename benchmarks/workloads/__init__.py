@@ -9,13 +9,26 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bloat, ceiling, coexist, drain, enqueue, latency, limits, memory, profile, scale, scaling, workflows
+from . import bloat, ceiling, coexist, drain, enqueue, latency, limits, memory, pausing, profile, scale, scaling, workflows
 
 ALL: dict[str, ModuleType] = {
     module.NAME: module
-    for module in (enqueue, drain, latency, memory, coexist, ceiling, scale, scaling, bloat, limits, workflows, profile)
+    for module in (enqueue, drain, latency, memory, coexist, ceiling, scale, scaling, bloat, limits, pausing, workflows, profile)
 }
 # A plain full run leaves out the profiler, which slows the worker it watches.
-DEFAULT = ["enqueue", "drain", "latency", "memory", "coexist", "ceiling", "scale", "scaling", "bloat", "limits", "workflows"]
+DEFAULT = [
+    "enqueue",
+    "drain",
+    "latency",
+    "memory",
+    "coexist",
+    "ceiling",
+    "scale",
+    "scaling",
+    "bloat",
+    "limits",
+    "pausing",
+    "workflows",
+]
 
 __all__ = ["ALL", "DEFAULT"]

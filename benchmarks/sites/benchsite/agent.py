@@ -215,6 +215,15 @@ def cmd_durq_workflow(args):
     return {"n": args.n, "seconds": time.perf_counter() - started}
 
 
+def cmd_durq_switch(args):
+    """Pause or resume the queue; the wall-clock time once it committed."""
+    setup_django()
+    from django_durq import ops
+
+    changed = (ops.pause if args.pause else ops.resume)(args.queue)
+    return {"changed": changed, "committed_at": time.time()}
+
+
 def cmd_admin_render(args):
     setup_django()
     from benchsite import durq_scale
@@ -272,6 +281,10 @@ def main(argv=None):
     p = sub.add_parser("durq-workflow")
     p.add_argument("--n", type=int, required=True)
     p.set_defaults(func=cmd_durq_workflow)
+    p = sub.add_parser("durq-switch")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--pause", action="store_true", help="pause (default: resume)")
+    p.set_defaults(func=cmd_durq_switch)
     p = sub.add_parser("admin-render")
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=cmd_admin_render)
