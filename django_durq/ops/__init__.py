@@ -1,10 +1,10 @@
-"""Operating the queue: list dead letters and recent jobs, retry, purge, cancel, and per-queue stats.
+"""Operating the queue: list dead letters and recent jobs, retry, purge, cancel, per-queue stats, workflows.
 
 The admin actions, the ``durq`` management command and the monitoring views are thin callers of
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
 batches of ids so that no statement holds locks on a large part of the table. One module per
-concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.limits`, :mod:`.formatting`; their public names
-are all here.
+concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.limits`, :mod:`.workflows`,
+:mod:`.formatting`; their public names are all here.
 """
 
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
@@ -12,6 +12,17 @@ from .formatting import format_age, local_time
 from .limits import KeyAtLimit, LimitUsage, limit_usage
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
+from .workflows import (
+    Edge,
+    NoSuchWorkflow,
+    WorkflowDetail,
+    WorkflowSummary,
+    cancel_workflow,
+    retry_workflow,
+    workflow,
+    workflow_state,
+    workflows,
+)
 
 __all__ = [
     "ENDED",
@@ -19,12 +30,17 @@ __all__ = [
     "RETRYABLE",
     "Bucket",
     "CancelResult",
+    "Edge",
     "KeyAtLimit",
     "LimitUsage",
+    "NoSuchWorkflow",
     "QueueStats",
     "RetryResult",
     "Selection",
+    "WorkflowDetail",
+    "WorkflowSummary",
     "cancel",
+    "cancel_workflow",
     "due_jobs",
     "failed",
     "format_age",
@@ -38,8 +54,12 @@ __all__ = [
     "recent",
     "retry",
     "retry_failed",
+    "retry_workflow",
     "stats",
     "throughput",
     "unserved",
     "worker_queues",
+    "workflow",
+    "workflow_state",
+    "workflows",
 ]
