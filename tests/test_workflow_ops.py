@@ -46,7 +46,11 @@ def test_workflows_are_listed_newest_first_with_counts_and_state(clock):
     drain(clock=clock)
     running, _ = media("running")
     listed = ops.workflows()
-    assert [(w.name, w.state, w.total) for w in listed] == [("running", "running", 6), ("failed", "failed", 6), ("done", "finished", 6)]
+    assert [(w.name, w.state, w.total) for w in listed] == [
+        ("running", "running", 6),
+        ("failed", "failed", 6),
+        ("done", "finished", 6),
+    ]
     assert listed[1].counts == {"finished": 1, "dead": 1, "cancelled": 4}
     assert listed[2].last_ended_ms == START and listed[0].last_ended_ms is None
     assert ops.workflows(limit=1)[0].id == running.row.pk
@@ -84,7 +88,7 @@ def test_bad_ids_and_limits_are_refused_with_a_clear_error():
 
 
 def test_cancel_cancels_every_waiting_member_and_asks_running_ones_to_stop(clock):
-    flow, steps = media(on_failure="run")
+    flow, _ = media(on_failure="run")
     (upload_job,) = Store("default").claim("default", 1, clock.now_ms(), "w1")  # the upload is running
     result = ops.cancel_workflow(flow.row.pk, now_ms=clock.now_ms())
     assert result.stopping == [upload_job.id]

@@ -215,7 +215,6 @@ def test_bad_workflows_are_refused_where_they_are_built():
         flow.add(jobs.step, tag="c", after=["a"])
 
 
-
 def three_in_a_row(clock) -> list[int]:
     flow = Workflow("cancelled, then retried")
     first, second, third = flow.chain((jobs.step, {"tag": "a"}), (jobs.step, {"tag": "b"}), (jobs.step, {"tag": "c"}))
