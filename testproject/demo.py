@@ -196,9 +196,8 @@ def next_due_in_s() -> float | None:
     from django.db.models import Min
 
     from django_durq.clock import now_ms
-    from django_durq.models import Job
-
     from django_durq.db.dependencies import BLOCKED_MS
+    from django_durq.models import Job
 
     if not Job.objects.active().exists():
         return None
