@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import path
 
-from django_durq import Workflow, workflow_admin
+from django_durq import Workflow, workflow_admin, workflow_graph
 from django_durq.clock import ManualClock, use_clock
 from django_durq.models import Job
 from django_durq.testing import drain
@@ -167,3 +167,11 @@ def test_depth_is_the_longest_path_from_a_root_and_a_cycle_does_not_hang():
     # 1 → 2 → 3, and 1 → 3 directly: 3 is drawn after 2, not beside it.
     assert depths([1, 2, 3], [(2, 1), (3, 2), (3, 1)]) == {1: 0, 2: 1, 3: 2}
     assert depths([1, 2, 3], [(2, 3), (3, 2)]) == {1: 0, 2: 1, 3: 1}
+
+
+def test_a_workflow_too_big_to_draw_is_listed_without_a_graph(superuser, monkeypatch):
+    monkeypatch.setattr(workflow_graph, "MAX_NODES", 4)
+    flow, _ = media()
+    html = superuser.get(page(flow.row.pk)).content.decode()
+    assert "5 jobs: too many to draw (at most 4)" in html and 'id="durq-graph"' not in html
+    assert len(re.findall(r'<tr data-job="\d+"', html)) == 5
