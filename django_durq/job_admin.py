@@ -97,6 +97,8 @@ class JobAdmin(GuardedAdmin):
             fieldsets = [fieldset for fieldset in fieldsets if fieldset[0] != "Progress"]
         if obj is None or obj.result is None:
             fieldsets[1] = ("Payload", {"fields": ["arguments_pretty"]})
+        if obj is not None and obj.workflow_id is not None:
+            fieldsets[0] = (None, {"fields": [*fieldsets[0][1]["fields"], "workflow_link"]})
         return fieldsets
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
@@ -179,6 +181,13 @@ class JobAdmin(GuardedAdmin):
         return format_html(
             '<span class="durq-last-error" title="{}">{}</span>', Truncator(full).chars(2000), Truncator(full).chars(120)
         )
+
+    @admin.display(description="workflow")
+    def workflow_link(self, job: Job) -> str:
+        url = reverse("admin:django_durq_workflow_change", args=[job.workflow_id])
+        waits = f" · waits for {job.deps_left} more job{'s' if job.deps_left != 1 else ''}" if job.deps_left else ""
+        cancelled = f" · cancelled because job {job.cancelled_by} failed" if job.cancelled_by is not None else ""
+        return format_html('<a href="{}" id="durq-workflow-link">workflow #{}</a>{}{}', url, job.workflow_id, waits, cancelled)
 
     @admin.display(description="stop requested")
     def stop(self, job: Job) -> str:

@@ -1,10 +1,12 @@
 """`make demo`: the whole product on SQLite, in well under a minute.
 
 It migrates the demo site into a fresh `.demo/demo.sqlite3`, queues a small media pipeline
-(see `media/jobs.py`), and runs real `durq_worker --burst` processes on it while drawing the
-queues' progress. A burst worker exits once nothing is due; jobs due later (a delayed publish, a
-retry backing off) get another burst when they come due. It ends with `manage.py durq stats`
-and the way into the admin, with a demo superuser whose password is made up for this run.
+(see `media/jobs.py`) and one workflow (scan, three transcodes at once, publish), and runs real
+`durq_worker --burst` processes on it while drawing the queues' progress. A burst worker exits
+once nothing is due; jobs due later (a delayed publish, a retry backing off) get another burst
+when they come due. It ends with `manage.py durq stats`, the workflow as `manage.py durq
+workflow` shows it, and the way into the admin, with a demo superuser whose password is made up
+for this run.
 """
 
 from __future__ import annotations
@@ -70,6 +72,22 @@ def queue_workload() -> None:
     deduplicated = sum(job.deduplicated for job in feeds)
     say(f"  rebuild_feed x3 with unique='feed:home': 1 job, {deduplicated} enqueues deduplicated (job #{feeds[0].pk})")
     say(f"  {DIM}{Job.objects.count()} jobs in the queue{RESET}")
+
+
+def queue_workflow() -> int:
+    """Video 5 as a workflow: scan its upload, then three transcodes at once, then publish once all three are done."""
+    from media import jobs
+
+    from django_durq import Workflow
+
+    heading("Queueing a workflow: scan -> transcode 1080p, 720p, 480p in parallel -> publish")
+    flow = Workflow("publish video 5")
+    scan = flow.add(jobs.scan_upload, upload_id=5)
+    encodes = [flow.add(jobs.transcode, video_id=5, quality=quality, after=[scan]) for quality in ("1080p", "720p", "480p")]
+    flow.add(jobs.publish, video_id=5, after=encodes)
+    row = flow.enqueue()  # one transaction: all five jobs and their edges, or nothing
+    say(f"  workflow #{row.pk}: 5 jobs; the transcodes wait for the scan, the publish waits for all three")
+    return row.pk
 
 
 def show_schedule() -> None:
@@ -178,11 +196,13 @@ def next_due_in_s() -> float | None:
     from django.db.models import Min
 
     from django_durq.clock import now_ms
+    from django_durq.db.dependencies import BLOCKED_MS
     from django_durq.models import Job
 
     if not Job.objects.active().exists():
         return None
-    due = Job.objects.waiting().aggregate(first=Min("run_at_ms"))["first"]
+    # A job of a workflow that still waits for others is due when they end, not at its due time.
+    due = Job.objects.waiting().filter(run_at_ms__lt=BLOCKED_MS).aggregate(first=Min("run_at_ms"))["first"]
     return max(0.0, (due - now_ms()) / 1000) if due is not None else 0.0
 
 
@@ -203,11 +223,18 @@ def run_rounds() -> None:
 # --- the end -----------------------------------------------------------------------------------
 
 
-def show_results() -> None:
+def show_results(workflow_id: int) -> None:
+    from django_durq.models import Job
+
     heading("python manage.py durq stats")
     manage("durq", "stats")
     heading("python manage.py durq failed")
     manage("durq", "failed")
+    heading(f"python manage.py durq workflow {workflow_id}")
+    manage("durq", "workflow", str(workflow_id))
+    published = Job.objects.filter(workflow_id=workflow_id, name="media.publish").first()
+    if published is not None and published.result is not None:
+        say(f"\n  {GREEN}published last, after every transcode: {published.result}{RESET}")
 
 
 def demo_superuser() -> str:
@@ -221,7 +248,7 @@ def demo_superuser() -> str:
     return password
 
 
-def show_admin(password: str) -> None:
+def show_admin(password: str, workflow_id: int) -> None:
     python = Path(sys.executable)
     heading("The admin")
     say(f"  {python.relative_to(ROOT) if python.is_relative_to(ROOT) else python} {MANAGE.relative_to(ROOT)} runserver")
@@ -230,6 +257,7 @@ def show_admin(password: str) -> None:
     say("  Dead letters: http://127.0.0.1:8000/admin/django_durq/deadletter/")
     say("  Queues:       http://127.0.0.1:8000/admin/django_durq/queue/")
     say("  All jobs:     http://127.0.0.1:8000/admin/django_durq/job/")
+    say(f"  Workflow:     http://127.0.0.1:8000/admin/django_durq/workflow/{workflow_id}/change/  (its graph)")
 
 
 def fresh_state() -> None:
@@ -254,10 +282,11 @@ def main() -> None:
     heading("django-durq demo on SQLite")
     say(f"  A job is claimed exclusively across {django_durq.exclusivity()}.")
     queue_workload()
+    workflow_id = queue_workflow()
     show_schedule()
     run_rounds()
-    show_results()
-    show_admin(demo_superuser())
+    show_results(workflow_id)
+    show_admin(demo_superuser(), workflow_id)
     say(f"\n{GREEN}Demo finished in {time.monotonic() - started:.0f} s.{RESET}")
 
 

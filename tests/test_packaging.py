@@ -224,5 +224,7 @@ def test_the_demo_runs(tmp_path: Path) -> None:
     assert "rebuild_feed x3 with unique='feed:home': 1 job, 2 enqueues deduplicated" in output, output
     assert "media.scan_upload) attempt 3/3 failed" in output and "-> dead letter" in output, output
     assert "QUEUE" in output and "WAITING" in output, output  # the stats table
+    assert "Workflow 1 (publish video 5): finished, 5 jobs (5 finished)" in output, output
+    assert '"renditions":["1080p","720p","480p"]' in output, output  # published once all three were done
     assert re.search(r"user demo\s+password \S{16}", output), output
     assert "Demo finished" in output, output

@@ -213,3 +213,28 @@ def test_bad_workflows_are_refused_where_they_are_built():
         flow.add(jobs.step, colour="red")
     with pytest.raises(TypeError, match="after= takes steps, jobs or job ids"):
         flow.add(jobs.step, tag="c", after=["a"])
+
+
+def three_in_a_row(clock) -> list[int]:
+    flow = Workflow("cancelled, then retried")
+    first, second, third = flow.chain((jobs.step, {"tag": "a"}), (jobs.step, {"tag": "b"}), (jobs.step, {"tag": "c"}))
+    flow.enqueue()
+    return [s.job.pk for s in (first, second, third)]
+
+
+def test_a_retried_member_waits_again_for_what_has_not_ended(clock):
+    first, second, third = three_in_a_row(clock)
+    ops.cancel([second], now_ms=clock.now_ms())
+    assert Job.objects.get(pk=third).cancelled_by == second
+    assert ops.retry([second], now_ms=clock.now_ms()).retried == [second]
+    assert [job.id for job in claim_all(clock)] == [first]  # the second still waits for the first
+    assert [Job.objects.get(pk=i).deps_left for i in (second, third)] == [1, 1]
+
+
+def test_members_retried_together_wait_for_each_other_again(clock):
+    ids = three_in_a_row(clock)
+    ops.cancel(ids, now_ms=clock.now_ms())
+    assert ops.retry(ids, now_ms=clock.now_ms()).retried == ids
+    assert [job.id for job in claim_all(clock)] == ids[:1]
+    assert [Job.objects.get(pk=i).deps_left for i in ids[1:]] == [1, 1]
+    assert Job.objects.get(pk=ids[2]).run_at_ms == BLOCKED_MS

@@ -54,7 +54,7 @@ def settle(dialect: Dialect, now_ms: int, upstream: Sequence[int] | None = None)
     """Count the ends of ``upstream`` jobs (every ended job when None) for the jobs waiting on them."""
     result = Settled()
     if upstream is not None and not upstream:
-        return result
+        return result  # nothing ended (a cancel that only asked running jobs to stop): no "IN ()" to send
     pending: Sequence[int] | None = upstream
     with transaction.atomic(using=dialect.connection.alias):
         while True:
@@ -202,3 +202,27 @@ def revive(dialect: Dialect, upstream: Sequence[int], now_ms: int) -> list[int]:
             )
         revived += pending
     return revived
+
+
+def rewait(dialect: Dialect, retried: Sequence[int]) -> None:
+    """Retried jobs wait again for the jobs of theirs that are waiting or running: due once those end.
+
+    A retry makes a job due now; a job of a workflow cancelled before what it waits for ended
+    (an operator's cancel), or retried together with it, must not run first. Its edges from
+    jobs active again are counted anew, and ``deps_left`` is what is left uncounted. Runs after
+    ``revive``, in the caller's transaction.
+    """
+    if not retried:
+        return
+    marks = ", ".join(["%s"] * len(retried))
+    dialect.execute(
+        f"UPDATE {EDGES} SET settled = FALSE WHERE settled AND job_id IN ({marks})"
+        f" AND depends_on_id IN (SELECT id FROM {JOB} WHERE status IN ('waiting', 'running'))",
+        list(retried),
+    )
+    dialect.execute(
+        f"UPDATE {JOB} SET deps_left = (SELECT COUNT(*) FROM {EDGES} d WHERE d.job_id = {JOB}.id AND NOT d.settled)"
+        f" WHERE id IN ({marks}) AND deps_left IS NOT NULL",
+        list(retried),
+    )
+    dialect.execute(f"UPDATE {JOB} SET run_at_ms = %s WHERE id IN ({marks}) AND deps_left > 0", [BLOCKED_MS, *retried])

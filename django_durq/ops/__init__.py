@@ -1,9 +1,9 @@
-"""Operating the queue: list dead letters and recent jobs, retry, purge, cancel, pause and resume, per-queue stats.
+"""Operating the queue: dead letters and recent jobs, retry, purge, cancel, pause and resume, stats, limits, workflows.
 
 The admin actions, the ``durq`` management command and the monitoring views are thin callers of
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
 batches of ids so that no statement holds locks on a large part of the table. One module per
-concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.pausing`, :mod:`.limits`,
+concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.pausing`, :mod:`.limits`, :mod:`.workflows`,
 :mod:`.formatting`; their public names are all here.
 """
 
@@ -13,6 +13,17 @@ from .limits import KeyAtLimit, LimitUsage, limit_usage
 from .pausing import pause, paused_queues, resume
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
+from .workflows import (
+    Edge,
+    NoSuchWorkflow,
+    WorkflowDetail,
+    WorkflowSummary,
+    cancel_workflow,
+    retry_workflow,
+    workflow,
+    workflow_state,
+    workflows,
+)
 
 __all__ = [
     "ENDED",
@@ -20,12 +31,17 @@ __all__ = [
     "RETRYABLE",
     "Bucket",
     "CancelResult",
+    "Edge",
     "KeyAtLimit",
     "LimitUsage",
+    "NoSuchWorkflow",
     "QueueStats",
     "RetryResult",
     "Selection",
+    "WorkflowDetail",
+    "WorkflowSummary",
     "cancel",
+    "cancel_workflow",
     "due_jobs",
     "failed",
     "format_age",
@@ -42,8 +58,12 @@ __all__ = [
     "resume",
     "retry",
     "retry_failed",
+    "retry_workflow",
     "stats",
     "throughput",
     "unserved",
     "worker_queues",
+    "workflow",
+    "workflow_state",
+    "workflows",
 ]

@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 
 from .. import wakeup
 from ..db import dialect_for
-from ..db.dependencies import revive, settle
+from ..db.dependencies import revive, rewait, settle
 from ..models import Job, JobQuerySet, Status
 from ..store import Store
 from .reading import alias_of, jobs_on, now_or
@@ -98,6 +98,7 @@ _RESET = {
     "progress_done": None,
     "progress_total": None,
     "result": None,
+    "cancelled_by": None,
 }
 
 
@@ -125,7 +126,9 @@ def _retry_batch(batch: list[int], now: int, alias: str, result: RetryResult, _d
                 result.skipped[job_id] = f"its dedupe key {key!r} is held by active job {holder}"
             handled.add(job_id)
         # Jobs of a workflow cancelled because these failed come back, waiting for them again.
-        revive(dialect_for(connections[alias]), retried, now)
+        dialect = dialect_for(connections[alias])
+        revive(dialect, retried, now)
+        rewait(dialect, retried)
         queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
         if queues:
             wakeup.wake_on_commit(alias, queues)

@@ -3,6 +3,8 @@
 Handlers take a few seconds and report progress; failures are decided by the attempt number, not
 by chance, so that every run of the demo tells the same story: one thumbnail and one transcode
 fail once and then succeed, and one upload fails every attempt and ends in the dead letters.
+A workflow runs them in order for one video: scan the upload, then three transcodes at once, then
+publish once all three are done.
 """
 
 import time
@@ -57,8 +59,10 @@ def scan_upload(ctx, upload_id):
 
 @job(name="media.publish", queue="default")
 def publish(ctx, video_id):
+    """Publish a video; in a workflow, once its transcodes are done, listing the renditions they made."""
     work(ctx, 0.2, 1)
-    return {"video_id": video_id, "published": True}
+    renditions = [u.result["quality"] for u in ctx.dependencies() if u.name == "media.transcode" and u.status == "finished"]
+    return {"video_id": video_id, "published": True, **({"renditions": renditions} if renditions else {})}
 
 
 @job(name="media.rebuild_feed", queue="default")

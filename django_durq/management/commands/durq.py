@@ -1,4 +1,4 @@
-"""``manage.py durq stats|show|recent|failed|retry|purge|cancel|pause|resume|schedules``: operate the queue from the shell.
+"""``manage.py durq stats|show|recent|failed|retry|purge|cancel|pause|resume|limits|schedules|workflows|workflow``.
 
 Thin: arguments are checked at the edge (a bad one exits with status 2 and one line saying
 why), then :mod:`django_durq.ops` does the work. A retry or cancel that leaves some of the
@@ -19,6 +19,7 @@ from ... import ops
 from ...clock import ms_to_datetime, now_ms
 from ...conf import get_settings
 from ...models import Job
+from ..workflow_commands import WorkflowCommands, add_workflow_parsers
 
 USAGE_ERROR = 2
 NOT_ALL_DONE = 1
@@ -68,8 +69,8 @@ def queue_name(text: str) -> str:
     return text
 
 
-class Command(BaseCommand):
-    help = "Operate the queue: stats, show, recent, failed, retry, purge, cancel, pause, resume, schedules."
+class Command(WorkflowCommands, BaseCommand):
+    help = "Operate the queue: stats, jobs, retries, purges, cancels, pauses, limits, schedules and workflows."
     requires_system_checks: list[str] = []  # an operator needs these most when something is wrong
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -77,7 +78,7 @@ class Command(BaseCommand):
         commands = parser.add_subparsers(
             dest="action",
             required=True,
-            metavar="{stats,show,recent,failed,retry,purge,cancel,pause,resume,schedules}",
+            metavar="{stats,show,recent,failed,retry,purge,cancel,pause,resume,limits,schedules,workflows,workflow}",
             parser_class=OneLineParser,
         )
 
@@ -122,6 +123,7 @@ class Command(BaseCommand):
         limits = commands.add_parser("limits", help="Limits at work: running and started against limits, keys at theirs.")
         limits.add_argument("--queue", type=queue_name, help="Only this queue.")
         limits.add_argument("--json", action="store_true", help="Print JSON.")
+        add_workflow_parsers(commands, positive_int)
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"do_{options['action']}")(options)
