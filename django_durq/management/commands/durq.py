@@ -16,9 +16,10 @@ from django.core.management import BaseCommand, CommandError, CommandParser
 from django.utils.translation import ngettext
 
 from ... import ops
-from ...clock import ms_to_datetime, now_ms
+from ...clock import now_ms
 from ...conf import get_settings
 from ...models import Job
+from .. import job_output
 from ..workflow_commands import WorkflowCommands, add_workflow_parsers
 
 USAGE_ERROR = 2
@@ -182,7 +183,9 @@ class Command(WorkflowCommands, BaseCommand):
         ids: list[int] = list(dict.fromkeys(options["ids"]))
         found = ops.jobs_by_id(ids)
         if options["json"]:
-            self.stdout.write(json.dumps([_job_dict(found[i]) for i in ids if i in found], indent=2, ensure_ascii=False))
+            self.stdout.write(
+                json.dumps([job_output.job_dict(found[i]) for i in ids if i in found], indent=2, ensure_ascii=False)
+            )
         else:
             for index, job in enumerate(found[i] for i in ids if i in found):
                 if index:
@@ -200,7 +203,7 @@ class Command(WorkflowCommands, BaseCommand):
             )
 
     def _show(self, job: Job) -> None:
-        took = _took_s(job)
+        took = job_output.took_s(job)
         lines = [
             f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.status}",
             f"  created   {ops.local_time(job.created_ms)}",
@@ -209,16 +212,16 @@ class Command(WorkflowCommands, BaseCommand):
             f"  ended     {ops.local_time(job.finished_ms)}" + (f", after {took:.3f} s" if took is not None else ""),
         ]
         if job.result is not None:
-            lines.append(f"  result    {_clip(job.result, 200)}")
+            lines.append(f"  result    {job_output.clip(job.result, 200)}")
         if job.last_error:
-            lines.append(f"  error     {_clip(_last_error(job), 200)}")
+            lines.append(f"  error     {job_output.clip(job_output.last_error(job), 200)}")
         for line in lines:
             self.stdout.write(line)
 
     def do_recent(self, options: dict[str, Any]) -> None:
         jobs = ops.recent(queue=options["queue"], limit=options["limit"])
         if options["json"]:
-            self.stdout.write(json.dumps([_job_dict(job) for job in jobs], indent=2, ensure_ascii=False))
+            self.stdout.write(json.dumps([job_output.job_dict(job) for job in jobs], indent=2, ensure_ascii=False))
             return
         if not jobs:
             keep = get_settings().keep_finished_ms
@@ -228,8 +231,8 @@ class Command(WorkflowCommands, BaseCommand):
             return
         table = [["ID", "NAME", "QUEUE", "STATUS", "ENDED", "TOOK", "ATTEMPTS", "RESULT / LAST ERROR"]]
         for job in jobs:
-            took = _took_s(job)
-            outcome = job.result if job.status == "finished" else _last_error(job)
+            took = job_output.took_s(job)
+            outcome = job.result if job.status == "finished" else job_output.last_error(job)
             table.append(
                 [
                     str(job.pk),
@@ -239,7 +242,7 @@ class Command(WorkflowCommands, BaseCommand):
                     ops.local_time(job.finished_ms),
                     f"{took:.3f} s" if took is not None else "-",
                     f"{job.attempts}/{job.max_attempts}",
-                    _clip(outcome or "", 60),
+                    job_output.clip(outcome or "", 60),
                 ]
             )
         self._table(table)
@@ -254,7 +257,7 @@ class Command(WorkflowCommands, BaseCommand):
                     "queue": job.queue,
                     "attempts": job.attempts,
                     "max_attempts": job.max_attempts,
-                    "died_at": _iso(job.finished_ms),
+                    "died_at": job_output.iso(job.finished_ms),
                     "arguments": json.loads(job.arguments),
                     "errors": job.error_list,
                 }
@@ -274,7 +277,7 @@ class Command(WorkflowCommands, BaseCommand):
                     job.queue,
                     f"{job.attempts}/{job.max_attempts}",
                     ops.local_time(job.finished_ms),
-                    _clip(_last_error(job), 80),
+                    job_output.clip(job_output.last_error(job), 80),
                 ]
             )
         self._table(table)
@@ -292,7 +295,7 @@ class Command(WorkflowCommands, BaseCommand):
         count = len(result.retried)
         if count:
             retried = ngettext("Retried %(count)d job", "Retried %(count)d jobs", count) % {"count": count}
-            self.stdout.write(f"{retried}{_list(result.retried)}: due now.")
+            self.stdout.write(f"{retried}{job_output.id_list(result.retried)}: due now.")
         elif not result.skipped:
             self.stdout.write("No dead letters to retry.")
         self._skipped("retried", result.skipped)
@@ -334,11 +337,11 @@ class Command(WorkflowCommands, BaseCommand):
         waiting, running = len(result.cancelled), len(result.stopping)
         if waiting:
             cancelled = ngettext("Cancelled %(count)d waiting job", "Cancelled %(count)d waiting jobs", waiting)
-            self.stdout.write(f"{cancelled % {'count': waiting}}{_list(result.cancelled)}.")
+            self.stdout.write(f"{cancelled % {'count': waiting}}{job_output.id_list(result.cancelled)}.")
         if running:
             asked = ngettext("Asked %(count)d running job", "Asked %(count)d running jobs", running) % {"count": running}
             self.stdout.write(
-                f"{asked}{_list(result.stopping)} to stop: "
+                f"{asked}{job_output.id_list(result.stopping)} to stop: "
                 "each is cancelled when its handler returns (ctx.should_stop() is now true)."
             )
         self._skipped("cancelled", result.skipped)
@@ -358,52 +361,3 @@ class Command(WorkflowCommands, BaseCommand):
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-
-
-def _list(ids: list[int]) -> str:
-    if not ids:
-        return ""
-    shown = ", ".join(str(job_id_) for job_id_ in ids[:20])
-    return f" ({shown}{', …' if len(ids) > 20 else ''})"
-
-
-def _took_s(job: Job) -> float | None:
-    """How long the last attempt ran, when it started and ended."""
-    if job.started_ms is None or job.finished_ms is None:
-        return None
-    return max(0, job.finished_ms - job.started_ms) / 1000
-
-
-def _last_error(job: Job) -> str:
-    error = job.last_error or {}
-    message = f"{error['type']}: " if error.get("type") else ""
-    return message + str(error.get("message", ""))
-
-
-def _clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _job_dict(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.pk,
-        "name": job.name,
-        "queue": job.queue,
-        "status": job.status,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "created_at": _iso(job.created_ms),
-        "due_at": _iso(job.run_at_ms),
-        "started_at": _iso(job.started_ms),
-        "ended_at": _iso(job.finished_ms),
-        "took_s": _took_s(job),
-        "arguments": json.loads(job.arguments),
-        "result": json.loads(job.result) if job.result is not None else None,
-        "errors": job.error_list,
-    }
-
-
-def _iso(ms: int | None) -> str | None:
-    moment = ms_to_datetime(ms)
-    return moment.isoformat() if moment is not None else None

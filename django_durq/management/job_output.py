@@ -1,0 +1,60 @@
+"""How ``manage.py durq`` words jobs: id lists, durations, last errors, and a job as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..clock import ms_to_datetime
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+
+def id_list(ids: list[int]) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(str(job_id_) for job_id_ in ids[:20])
+    return f" ({shown}{', …' if len(ids) > 20 else ''})"
+
+
+def took_s(job: Job) -> float | None:
+    """How long the last attempt ran, when it started and ended."""
+    if job.started_ms is None or job.finished_ms is None:
+        return None
+    return max(0, job.finished_ms - job.started_ms) / 1000
+
+
+def last_error(job: Job) -> str:
+    error = job.last_error or {}
+    message = f"{error['type']}: " if error.get("type") else ""
+    return message + str(error.get("message", ""))
+
+
+def clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "queue": job.queue,
+        "status": job.status,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "created_at": iso(job.created_ms),
+        "due_at": iso(job.run_at_ms),
+        "started_at": iso(job.started_ms),
+        "ended_at": iso(job.finished_ms),
+        "took_s": took_s(job),
+        "arguments": json.loads(job.arguments),
+        "result": json.loads(job.result) if job.result is not None else None,
+        "errors": job.error_list,
+    }
+
+
+def iso(ms: int | None) -> str | None:
+    moment = ms_to_datetime(ms)
+    return moment.isoformat() if moment is not None else None
