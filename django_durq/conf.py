@@ -15,9 +15,8 @@ from django.dispatch import receiver
 
 from .backoff import Backoff
 from .clock import seconds_to_ms
-from .limits import QueueLimits, Rate, check_max_running
+from .conf_queues import DEFAULT_QUEUE, QueueSettings, parse_queues
 
-DEFAULT_QUEUE = "default"
 # How long finished jobs stay visible (admin, ``manage.py durq``) unless KEEP_FINISHED says
 # otherwise, so "did my job run, when, for how long" has an answer. An hour of history is at most
 # 1,000,000 rows up to ~280 jobs/s sustained, the size at which docs/benchmarks.md measures the
@@ -26,16 +25,6 @@ DEFAULT_KEEP_FINISHED_MS = 3600 * 1000
 # How long finished jobs are kept when a TASKS backend reads results from them and KEEP_FINISHED
 # is not set: a day covers a result read back by the next request, a retried page or a daily report.
 TASK_RESULTS_KEEP_MS = 24 * 3600 * 1000
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    concurrency: int = 4
-    keep_finished_ms: int | None = None  # None: use the global setting
-    keep_dead_ms: int | None = None
-    prefetch_ms: int | None = None  # None: use the global setting
-    # Across every worker: at most this many running, at most this rate of starts (limits.py).
-    limits: QueueLimits = field(default_factory=QueueLimits)
 
 
 @dataclass(frozen=True)
@@ -209,7 +198,7 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
     max_payload = p.positive_int(raw, "MAX_PAYLOAD_BYTES", defaults.max_payload_bytes, 'DURQ["MAX_PAYLOAD_BYTES"]')
 
     backoff = _parse_backoff(p, raw.get("BACKOFF", {}))
-    queues = _parse_queues(p, raw.get("QUEUES"))
+    queues = parse_queues(p, raw.get("QUEUES"))
 
     schedules = raw.get("SCHEDULES", {})
     if not isinstance(schedules, dict):
@@ -319,70 +308,6 @@ def _parse_backoff(p: _Parser, raw: Any) -> Backoff:
         )
         return default
     return backoff
-
-
-def _parse_queues(p: _Parser, raw: Any) -> dict[str, QueueSettings]:
-    if raw is None:
-        return {DEFAULT_QUEUE: QueueSettings()}
-    if not isinstance(raw, dict) or not raw:
-        p.problem(
-            "durq.E008",
-            'DURQ["QUEUES"] must be a non-empty dict of queue name -> options',
-            'Write {"default": {"concurrency": 4}}.',
-        )
-        return {DEFAULT_QUEUE: QueueSettings()}
-    queues: dict[str, QueueSettings] = {}
-    for name, options in raw.items():
-        if not isinstance(name, str) or not name or ":" in name or len(name) > 100:
-            p.problem(
-                "durq.E008", f"queue name {name!r} is not valid", "Use a non-empty name without ':' of at most 100 characters."
-            )
-            continue
-        if options is None:
-            options = {}
-        if not isinstance(options, dict):
-            p.problem("durq.E008", f'DURQ["QUEUES"]["{name}"] must be a dict', 'Write {"concurrency": 4}.')
-            continue
-        unknown = set(options) - {"concurrency", "keep_finished", "keep_dead", "prefetch", "max_running", "rate"}
-        if unknown:
-            p.problem(
-                "durq.E008",
-                f'DURQ["QUEUES"]["{name}"] has unknown keys {sorted(unknown)}',
-                "Known: concurrency, keep_finished, keep_dead, prefetch, max_running, rate.",
-            )
-        limits = _parse_limits(p, name, options)
-        concurrency = p.positive_int(options, "concurrency", 4, f'DURQ["QUEUES"]["{name}"]["concurrency"]')
-        sub = _Parser(options)
-        keep_finished = sub.duration_ms("keep_finished", None, allow_none=True, minimum_ms=0)
-        keep_dead = sub.duration_ms("keep_dead", None, allow_none=True, minimum_ms=0)
-        prefetch = sub.duration_ms("prefetch", None, allow_none=True, minimum_ms=0)
-        p.problems.extend(sub.problems)
-        queues[name] = QueueSettings(
-            concurrency=concurrency,
-            keep_finished_ms=keep_finished,
-            keep_dead_ms=keep_dead,
-            prefetch_ms=prefetch,
-            limits=limits,
-        )
-    return queues or {DEFAULT_QUEUE: QueueSettings()}
-
-
-def _parse_limits(p: _Parser, name: str, options: dict[str, Any]) -> QueueLimits:
-    """A queue's ``max_running`` and ``rate``, enforced across every worker (limits.py)."""
-    max_running: int | None = None
-    rate: Rate | None = None
-    label = f'DURQ["QUEUES"]["{name}"]'
-    if options.get("max_running") is not None:
-        try:
-            max_running = check_max_running(options["max_running"], f'{label}["max_running"]')
-        except (TypeError, ValueError) as error:
-            p.problem("durq.E008", str(error), 'Write a whole number of at least 1, e.g. {"max_running": 3}.')
-    if options.get("rate") is not None:
-        try:
-            rate = Rate.parse(options["rate"], f'{label}["rate"]')
-        except (TypeError, ValueError) as error:
-            p.problem("durq.E008", str(error), 'Write "<count>/<period>", e.g. {"rate": "50/m"} for 50 starts a minute.')
-    return QueueLimits(max_running, rate)
 
 
 _cached: DurqSettings | None = None
