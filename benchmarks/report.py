@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from . import render, report_scaling
+from . import render, report_flow, report_scaling
 from .render import DB_LABEL, Line, groups, median
 
 COLORS = {
@@ -412,6 +412,7 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
     if "scale" in present:
         out += ["## Scale", "", render.scale_table(lines), ""]
     out += report_scaling.section(lines, written)
+    out += report_flow.section(lines)
     if "profile" in present:
         out += ["## Where django-durq's worker spends a job", "", profile_section(lines)]
         findings = render.REPO / "benchmarks" / "profile-findings.md"
