@@ -10,10 +10,11 @@ SQLite, and MariaDB for enqueues on the worker's own host: the watcher waits on 
 bell (``doorbell.py``), which an enqueue rings after its commit; a ring this process has no free
 slot for is passed on to another worker. Where no bell can be bound it falls back to polling.
 
-SQLite also reads ``PRAGMA data_version`` (it changes when another connection commits to the
-file; reading it takes no lock), every ``SQLITE_CHECK_S`` without a bell and every
-``SQLITE_SAFETY_S`` with one: a commit that rang no bell (a process that cannot reach the bells,
-raw SQL) still wakes the pools. MariaDB has no notifications from other hosts: a connection of
+With a bell, a SQLite watcher reads nothing: every process that writes to the file runs on its
+host, and a commit that rang no bell (raw SQL, a process that may not write to the bells) is found
+by the dispatchers' idle probe at the poll interval. Without one it reads ``PRAGMA data_version``
+every ``SQLITE_CHECK_S`` (it changes when another connection commits to the file; reading it
+takes no lock). MariaDB has no notifications from other hosts: a connection of
 the watcher's own reads the newest job ids, every ``MYSQL_CHECK_S`` after a job was seen and
 less and less often, down to every ``MYSQL_IDLE_CHECK_S``, while none comes: that interval is
 how late a job enqueued on another host may be noticed. Ids are handed out when a transaction
@@ -45,7 +46,6 @@ from ..doorbell import Bell
 logger = logging.getLogger("django_durq")
 
 SQLITE_CHECK_S = 0.01  # without a bell: 100 cheap reads a second, ~5 ms of added latency on average
-SQLITE_SAFETY_S = 0.5  # with a bell, only commits that rang none wait for this
 # A read on the database server from every worker process: 40 a second each while jobs come (a
 # job from another host is seen ~12 ms late on average); the interval doubles after each second
 # without one, up to the idle interval: 5 reads a second, a job from another host 200 ms late at most.
@@ -126,14 +126,20 @@ class Watcher:
 
     def _answer(self, bell: Bell) -> None:
         for queue, tried in bell.take():
-            if not wakeup.offer(queue):
-                bell.pass_on(queue, tried)  # no free slot here: another worker may have one
+            if wakeup.offer(queue):
+                logger.debug("durq: a job of queue %r rang this worker's bell: claiming it here", queue)
+            else:  # no free slot here: another worker may have one
+                outcome = "passed on" if bell.pass_on(queue, tried) else "no other worker to ask"
+                logger.debug("durq: a job of queue %r rang this worker's bell: %s", queue, outcome)
 
     def _watch_sqlite(self) -> None:
+        if self.bell is not None:
+            while not self._wait(3600.0):
+                pass
+            return
         read_version = dialect_for(connections[self.alias]).data_version_reader()  # type: ignore[attr-defined]
         last = read_version()
-        check_s = SQLITE_CHECK_S if self.bell is None else SQLITE_SAFETY_S
-        while not self._wait(check_s):
+        while not self.stopped.wait(SQLITE_CHECK_S):
             version = read_version()
             if version != last:
                 last = version
