@@ -101,7 +101,7 @@ class Bell:
 
     def take(self) -> list[tuple[str, list[str]]]:
         """The rings waiting: (queue, bells already tried) each, all of them read at once."""
-        rings = []
+        rings: list[tuple[str, list[str]]] = []
         while True:
             try:
                 data = self.socket.recv(MAX_DATAGRAM)
