@@ -51,7 +51,7 @@ def enqueue_one(
         job = _insert_unique(values, alias, definition.options.on_duplicate or KEEP)
         if job.deduplicated:
             return job
-    transaction.on_commit(lambda: wakeup.notify([job.queue]), using=alias)
+    transaction.on_commit(lambda: wakeup.after_commit(alias, [job.queue], jobs=1), using=alias)
     return job
 
 
@@ -79,7 +79,7 @@ def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]
     if keyed or not dialect.returns_bulk_insert_ids:
         rows = [Job(**_values(definition, [], dict(item))) for item in items]
         created = Job.objects.using(alias).bulk_create(rows)
-        wakeup.wake_on_commit(alias, sorted({job.queue for job in created}))
+        wakeup.wake_on_commit(alias, sorted({job.queue for job in created}), jobs=len(created))
         return created
     # Every item shares the definition's options: build one row, vary only the arguments, and
     # insert with one statement, skipping the ORM's per-object compilation.
@@ -88,7 +88,7 @@ def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]
     arguments = [encode_arguments([], item, cap) for item in items]
     ids = dialect.insert_jobs({column: value for column, value in values.items() if column != "arguments"}, arguments)
     created = _jobs(values, zip(ids, arguments, strict=True), alias)
-    wakeup.wake_on_commit(alias, [values["queue"]])
+    wakeup.wake_on_commit(alias, [values["queue"]], jobs=len(created))
     return created
 
 

@@ -125,7 +125,8 @@ def test_sqlite_without_wal_or_immediate_is_warned_about():
 
 @pytest.mark.skipif(db_vendor() != "postgres", reason="connection pools are a PostgreSQL option")
 def test_a_pool_too_small_for_the_worker_is_an_error(settings):
-    settings.DURQ = {**settings.DURQ, "QUEUES": {"default": {"concurrency": 4}, "fast": {"concurrency": 2}, "slow": {"concurrency": 1}}}
+    queues = {"default": {"concurrency": 4}, "fast": {"concurrency": 2}, "slow": {"concurrency": 1}}
+    settings.DURQ = {**settings.DURQ, "QUEUES": queues}
     options = connection.settings_dict["OPTIONS"]
     try:
         connection.settings_dict["OPTIONS"] = {**options, "pool": {"max_size": 3}}

@@ -4,6 +4,10 @@ Latency is the job's start (read in the worker) minus the moment the producer's 
 returned, that is after its commit. Before the first repeat, the idle worker's CPU is measured
 over ``--idle-seconds``, and on SQLite how many write transactions it commits meanwhile
 (``PRAGMA data_version`` read from outside, every 20 ms: a lower bound).
+
+django-durq on MariaDB is measured a second time as ``latency-other-host``: the producer gets a
+temporary directory of its own, so it cannot ring the worker's bell, as on another host, and
+only the worker's reads of the newest job ids find the jobs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..core import databases, procs, stats, ticks
 from ..core.session import Session
 
 NAME = "latency"
+OTHER_HOST = "latency-other-host"
 JOBS = 200
 GAP_MS = 20
 CONCURRENCY = 4
@@ -88,9 +93,22 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
         )
         if "error" in metrics:
             session.say(metrics["error"][-1500:])
+    if adapter.name == "durq" and database == "mysql":
+        for repeat in range(session.options.repeats):
+            elsewhere = Path(session.work) / session.next_tag("other-host-tmp")
+            elsewhere.mkdir()
+            load = procs.loadavg()
+            metrics = measure(session, adapter, database, repeat, with_idle=False, producer_env={"TMPDIR": str(elsewhere)})
+            session.record(OTHER_HOST, adapter, database, {"jobs": JOBS, "gap_ms": GAP_MS}, repeat, metrics, load)
+            session.say(
+                f"  latency, producer on another host #{repeat + 1}: p50 {_ms(metrics.get('p50_ms'))} "
+                f"p99 {_ms(metrics.get('p99_ms'))} max {_ms(metrics.get('max_ms'))}{' ERROR' if 'error' in metrics else ''}"
+            )
 
 
-def measure(session: Session, adapter: Adapter, database: str, repeat: int, with_idle: bool) -> dict[str, Any]:
+def measure(
+    session: Session, adapter: Adapter, database: str, repeat: int, with_idle: bool, producer_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     with session.fresh_database(adapter, database, f"latency-r{repeat}") as db:
         tick_file = session.ticks_file(f"{adapter.name}-latency")
         group = session.start_workers(adapter, db, CONCURRENCY, tick_file)
@@ -98,14 +116,15 @@ def measure(session: Session, adapter: Adapter, database: str, repeat: int, with
         metrics: dict[str, Any] = {}
         try:
             # Ready means it ran one job; then let it settle into idling.
-            session.agent(adapter, db, "enqueue", "--n", "1", "--start", "-1")
+            session.agent(adapter, db, "enqueue", "--n", "1", "--start", "-1", extra_env=producer_env)
             if not ticks.wait_for(tick_file, 1, timeout_s=120, alive=group.alive):
                 return {"error": "the worker never ran the warm-up job:\n" + group.log_tail()}
             time.sleep(2)
             if with_idle:
                 metrics.update(idle(session, group, db))
             commits_file = Path(session.work) / f"{session.next_tag('commits')}.json"
-            session.agent(adapter, db, "latency", "--n", str(JOBS), "--gap-ms", str(GAP_MS), "--out", str(commits_file))
+            enqueues = ["latency", "--n", str(JOBS), "--gap-ms", str(GAP_MS), "--out", str(commits_file)]
+            session.agent(adapter, db, *enqueues, extra_env=producer_env)
             done = ticks.wait_for(tick_file, JOBS + 1, timeout_s=60, alive=group.alive)
         finally:
             group.stop()

@@ -96,6 +96,7 @@ class Pool:
         self._mean_job_s: float | None = None
         self._low_water = 0  # a slot that leaves this many buffered jobs kicks the dispatcher
         self._named = False  # a wake-up named this queue since the dispatcher last looked
+        self._offered = 0  # jobs this pool said it had a free slot for since then (see _wake)
         self._serialized = runtime.store.dialect.serialized_writes
         self._write_free_at = 0.0  # monotonic time before which the dispatcher leaves the write lock alone
         self._sharing_until = 0.0  # another connection wrote lately: share the write lock until then
@@ -127,11 +128,22 @@ class Pool:
             self._add_thread()
         self._dispatcher.start()
 
-    def _wake(self, named: bool) -> None:
-        """Called by ``wakeup``; ``named`` when a notification named this queue (a job was queued)."""
+    def _wake(self, named: bool) -> bool:
+        """Called by ``wakeup``; ``named`` when a notification named this queue (a job was queued).
+
+        True when a slot is free for the job, counting the jobs already offered since the
+        dispatcher last looked: a ring this pool cannot serve at once goes on to another worker.
+        """
+        room = False
         if named:
-            self._named = True
+            runtime = self.runtime
+            with self._lock:
+                self._named = True
+                if not runtime.stop_claiming.is_set() and runtime.leases_ok.is_set():
+                    room = self._busy + len(self._ready) + self._offered < self.concurrency
+                    self._offered += room
         self.kick.set()
+        return room
 
     def _add_thread(self) -> None:
         thread = threading.Thread(target=self._work, name=f"durq-{self.queue}-{len(self._threads)}", daemon=True)
@@ -219,7 +231,8 @@ class Pool:
                         continue
                 now_mono = time.monotonic()
                 now = runtime.clock.now_ms()
-                named, self._named = self._named, False
+                with self._lock:
+                    named, self._named, self._offered = self._named, False, 0
                 # A notification naming this queue means a job was just queued: claim without
                 # probing first. Otherwise probe with a read, so an idle poll takes no write lock.
                 probed_due = False
@@ -359,7 +372,8 @@ class Pool:
         try:
             now = runtime.clock.now_ms()
             released = runtime.store.retrying("release", lambda d: d.release(leases, started=False, now_ms=now))
-            runtime.store.retrying("wake", lambda d: wakeup.wake_on_commit(runtime.settings.database, [self.queue]))
+            alias = runtime.settings.database
+            runtime.store.retrying("wake", lambda d: wakeup.wake_on_commit(alias, [self.queue], jobs=released))
         except Exception:  # their leases expire; no job is lost
             logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
             released = 0

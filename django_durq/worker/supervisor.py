@@ -59,7 +59,7 @@ class Supervisor:
         self.keeper = LeaseKeeper(self.runtime)
         self.runtime.keeper_kick = self.keeper.kick.set
         self.monitor = Monitor(self.runtime, self.pools, max_memory_mb)
-        self.watcher = Watcher(settings.database, settings.listen_database)
+        self.watcher = Watcher(settings.database, settings.listen_database, self.runtime.worker_id)
         self.maintenance = MaintenanceRunner(self.runtime)
         self.grace_ms = settings.shutdown_grace_ms if grace_ms is None else grace_ms
         self.on_tick = on_tick

@@ -4,15 +4,25 @@ PostgreSQL: a dedicated connection LISTENs; enqueue sends NOTIFY in its transact
 notification arrives only after commit. It connects to ``DURQ["LISTEN_DATABASE"]``: the
 queue's own database, unless that goes through a transaction pooler, which would hand the
 session holding the LISTEN to other clients between transactions; with None there is no LISTEN
-and idle workers find new jobs at their poll interval. SQLite: ``PRAGMA data_version`` changes
-when another connection commits to the file; reading it takes no lock. MariaDB has neither: a
-connection of the watcher's own reads the newest job ids every ``MYSQL_CHECK_S``: a committed
-enqueue from any host adds one. Ids are handed out when a transaction inserts, not when it
-commits, so a transaction that commits after a later one leaves a gap below the highest id seen;
-the watcher keeps such gaps in view (for ``GAP_S``) and wakes the pools when one fills. It also
-reads which of its pools' queues have a job due, as a job handed back or retried becomes due
-without a new id. On any trouble the watcher kicks every pool, so a lost notification costs at
-most one probe, never a job; the poll interval is the last safety net.
+and idle workers find new jobs at their poll interval.
+
+SQLite, and MariaDB for enqueues on the worker's own host: the watcher waits on the process's
+bell (``doorbell.py``), which an enqueue rings after its commit; a ring this process has no free
+slot for is passed on to another worker. Where no bell can be bound it falls back to polling.
+
+With a bell, a SQLite watcher reads nothing: every process that writes to the file runs on its
+host, and a commit that rang no bell (raw SQL, a process that may not write to the bells) is found
+by the dispatchers' idle probe at the poll interval. Without one it reads ``PRAGMA data_version``
+every ``SQLITE_CHECK_S`` (it changes when another connection commits to the file; reading it
+takes no lock). MariaDB has no notifications from other hosts: a connection of
+the watcher's own reads the newest job ids, every ``MYSQL_CHECK_S`` after a job was seen and
+less and less often, down to every ``MYSQL_IDLE_CHECK_S``, while none comes: that interval is
+how late a job enqueued on another host may be noticed. Ids are handed out when a transaction
+inserts, not when it commits, so a transaction that commits after a later one leaves a gap below
+the highest id seen; the watcher keeps such gaps in view (for ``GAP_S``) and wakes the pools
+when one fills. It also reads which of its pools' queues have a job due, as a job handed back or
+retried becomes due without a new id. On any trouble the watcher kicks every pool, so a lost
+notification costs at most one probe, never a job; the poll interval is the last safety net.
 """
 
 from __future__ import annotations
@@ -31,12 +41,17 @@ from ..db import dialect_for
 from ..db.base import own_connection
 from ..db.mysql import JOB_IDS_ABOVE, NEWEST_JOB, due_queues_among, job_ids_among
 from ..db.postgresql import NOTIFY_CHANNEL
+from ..doorbell import Bell
 
 logger = logging.getLogger("django_durq")
 
-SQLITE_CHECK_S = 0.01  # 100 cheap reads a second: ~5 ms of added wake-up latency on average
-# A read on the database server, from every worker process: 40 a second each, ~12 ms of latency.
+SQLITE_CHECK_S = 0.01  # without a bell: 100 cheap reads a second, ~5 ms of added latency on average
+# A read on the database server from every worker process: 40 a second each while jobs come (a
+# job from another host is seen ~12 ms late on average); the interval doubles after each second
+# without one, up to the idle interval: 5 reads a second, a job from another host 200 ms late at most.
 MYSQL_CHECK_S = 0.025
+MYSQL_IDLE_CHECK_S = 0.2
+MYSQL_SLOW_DOWN_S = 1.0
 # How long the watcher waits for a gap in the ids to fill (a transaction still open, or one that
 # rolled back), and how many gaps it keeps in view at most; past either, the poll interval covers.
 GAP_S = 30.0
@@ -44,11 +59,13 @@ MAX_GAPS = 100
 
 
 class Watcher:
-    def __init__(self, alias: str, listen_alias: str | None) -> None:
+    def __init__(self, alias: str, listen_alias: str | None, worker_id: str | None = None) -> None:
         self.alias = alias
         self.listen_alias = listen_alias  # PostgreSQL only: where to LISTEN, None for nowhere
+        self.worker_id = worker_id  # names the bell; None for none
         self.stopped = threading.Event()
         self.vendor = connections[alias].vendor
+        self.bell: Bell | None = None
         self._thread = threading.Thread(target=self._run, name="durq-watcher", daemon=True)
 
     @property
@@ -59,14 +76,21 @@ class Watcher:
 
     def start(self) -> None:
         if self.active:
+            if self.worker_id is not None:
+                self.bell = Bell.open(self.alias, self.worker_id)
             self._thread.start()
         elif self.vendor == "postgresql":
             logger.info('durq: DURQ["LISTEN_DATABASE"] is None: idle workers find new jobs at their poll interval')
 
     def stop(self) -> None:
         self.stopped.set()
+        if self.bell is not None:
+            self.bell.interrupt()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+        if self.bell is not None:
+            self.bell.close()
+            self.bell = None
 
     def _run(self) -> None:
         delay = 0.1
@@ -87,7 +111,32 @@ class Watcher:
             finally:
                 connections[self.alias].close()
 
+    def _wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds``, answering the rings that come meanwhile; True once stopped."""
+        if self.bell is None:
+            return self.stopped.wait(seconds)
+        deadline = time.monotonic() + seconds
+        while not self.stopped.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if select.select([self.bell], [], [], left)[0]:
+                self._answer(self.bell)
+        return True
+
+    def _answer(self, bell: Bell) -> None:
+        for queue, tried in bell.take():
+            if wakeup.offer(queue):
+                logger.debug("durq: a job of queue %r rang this worker's bell: claiming it here", queue)
+            else:  # no free slot here: another worker may have one
+                outcome = "passed on" if bell.pass_on(queue, tried) else "no other worker to ask"
+                logger.debug("durq: a job of queue %r rang this worker's bell: %s", queue, outcome)
+
     def _watch_sqlite(self) -> None:
+        if self.bell is not None:
+            while not self._wait(3600.0):
+                pass
+            return
         read_version = dialect_for(connections[self.alias]).data_version_reader()  # type: ignore[attr-defined]
         last = read_version()
         while not self.stopped.wait(SQLITE_CHECK_S):
@@ -106,7 +155,8 @@ class Watcher:
             gaps = IdGaps(last)
             due: set[str] = set()
             wakeup.notify_all()  # anything enqueued before we looked
-            while not self.stopped.wait(MYSQL_CHECK_S):
+            pace = Pace()
+            while not self._wait(pace.interval()):
                 cursor.execute(JOB_IDS_ABOVE, [gaps.last])
                 ids = [row[0] for row in cursor.fetchall()]
                 open_gaps = gaps.open()
@@ -114,6 +164,7 @@ class Watcher:
                     cursor.execute(job_ids_among(len(open_gaps)), open_gaps)
                     ids += [row[0] for row in cursor.fetchall()]
                 if gaps.saw(sorted(ids), time.monotonic()):
+                    pace.busy()
                     wakeup.notify_all()
                 # A queue that had nothing due and now has: a hand-back, a retry, an operator's
                 # retry or a resume made an existing job due (a queue that stays busy needs no wake-up).
@@ -123,6 +174,7 @@ class Watcher:
                     cursor.execute(due_queues_among(len(queues)), [value for queue in queues for value in (queue, now, queue)])
                     now_due = {row[0] for row in cursor.fetchall()}
                     if now_due - due:
+                        pace.busy()
                         wakeup.notify(now_due - due)
                     due = now_due
         finally:
@@ -169,6 +221,22 @@ class Watcher:
                 wakeup.notify(queues)
             elif not ready:
                 time.sleep(0)
+
+
+class Pace:
+    """How often the MariaDB watcher reads: often while jobs come, less and less while none does."""
+
+    def __init__(self) -> None:
+        self._seen = time.monotonic()
+
+    def busy(self) -> None:
+        self._seen = time.monotonic()
+
+    def interval(self) -> float:
+        quiet_s = time.monotonic() - self._seen
+        if quiet_s < MYSQL_SLOW_DOWN_S:
+            return MYSQL_CHECK_S
+        return min(MYSQL_CHECK_S * 2 ** int(quiet_s / MYSQL_SLOW_DOWN_S), MYSQL_IDLE_CHECK_S)
 
 
 class IdGaps:

@@ -1,6 +1,8 @@
 """Idle workers wake for every job that becomes due, whatever the order of the commits that made it so.
 
-The workers here poll only every 30 s, so a job that runs within seconds was woken for.
+The workers here poll only every 30 s, so a job that runs within seconds was woken for. A worker
+given a temporary directory of its own stands for one on another host: no enqueue here can ring
+its bell, so on MariaDB only its watcher's reads of the job ids find the job.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from tests.conftest import wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Effect
 
-from .conftest import only_on
+from .conftest import only_on, size
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -25,11 +27,13 @@ SLOW_POLL = {"DURQ_TEST_POLL": "30"}
 
 
 @only_on("postgres", "mysql")  # SQLite's writers are serialized: no commit can overtake another
-def test_a_wake_up_is_not_missed_when_commits_arrive_out_of_id_order(faults):
+@pytest.mark.parametrize("host", ["same host", "other host"])
+def test_a_wake_up_is_not_missed_when_commits_arrive_out_of_id_order(faults, host, tmp_path):
     # Ids handed out and gone before the worker starts: its first look finds an empty table.
     jobs.noop.enqueue_many([{} for _ in range(300)])
     Job.objects.all().delete()
-    faults.spawn_ready("--queue", "default:1", env=SLOW_POLL)
+    elsewhere = {"TMPDIR": str(tmp_path)} if host == "other host" else {}
+    faults.spawn_ready("--queue", "default:1", env={**SLOW_POLL, **elsewhere})
     time.sleep(0.5)
     inserted, release = threading.Event(), threading.Event()
 
@@ -70,3 +74,21 @@ def test_a_job_handed_back_at_shutdown_wakes_an_idle_worker_elsewhere(faults):
     taken_after_ms = Effect.objects.get(job_id=queued.pk, tag="stop_aware").started_ms - handed_back_by_ms
     # Within the watcher's look (25 ms on MariaDB) and a claim: not at a poll or any other timer.
     assert taken_after_ms < 300, taken_after_ms
+
+
+@only_on("sqlite", "mysql")  # where enqueues on the workers' host ring their bells
+def test_each_enqueue_wakes_one_idle_worker_and_a_busy_one_passes_it_on(faults):
+    count = size(4, 16)
+    workers = [faults.spawn_ready("--queue", "default:1", "--verbosity", "2", env=SLOW_POLL) for _ in range(count)]
+    time.sleep(0.5)
+    queued = []
+    for _ in range(count):
+        # Each job keeps its worker's only slot: the next ring must go on to a worker still idle.
+        queued.append(jobs.stop_aware.enqueue(seconds=60.0, marker_dir=str(faults.gates.folder)))
+        wait_until(lambda: Job.objects.get(pk=queued[-1].pk).status == "running", 10, f"job {len(queued)} to start")
+    holders = {job.claimed_by for job in Job.objects.filter(pk__in=[job.pk for job in queued])}
+    assert len(holders) == count  # one job on every worker: none waited behind a busy one
+    # One claimer per enqueue: a ring is taken by exactly one worker; the others only passed it on.
+    logs = "".join(worker.output() for worker in workers)
+    assert logs.count("bell: claiming it here") == count, logs[-3000:]
+    assert "no other worker to ask" not in logs

@@ -4,6 +4,7 @@ BENCH_SYSTEM   durq, tasks-db, procrastinate, huey-sqlite, huey-postgres or cele
 BENCH_DB       sqlite, postgres or mysql (the Django database; Celery's broker is BENCH_REDIS_URL)
 BENCH_DB_NAME  the database name, or the SQLite file
 BENCH_TICKS    the file each job appends its (number, start time) record to
+BENCH_DURQ_PG_DEFAULTS  1: django-durq on PostgreSQL with Django's default connection options
 
 Each system is configured as its own documentation recommends for production, otherwise with
 its defaults: nothing here is tuned for a benchmark.
@@ -75,9 +76,10 @@ elif DB == "postgres":
             "PASSWORD": os.environ.get("DURQ_PG_PASSWORD", ""),
         }
     }
-    if SYSTEM == "durq":
+    if SYSTEM == "durq" and os.environ.get("BENCH_DURQ_PG_DEFAULTS") != "1":
         # What django-durq's docs/postgresql.md recommends where no transaction-pooling proxy
-        # sits between the workers and the server (Django's default leaves both off).
+        # sits between the workers and the server (Django's default leaves both off;
+        # BENCH_DURQ_PG_DEFAULTS=1 measures with Django's defaults).
         DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 elif DB == "mysql":
     DATABASES = {
