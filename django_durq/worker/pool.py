@@ -33,14 +33,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .. import hooks, wakeup
 from ..context import JobContext
 from ..db import ClaimedJob, Dialect, Lease
-from ..db.flow import has_limited_jobs, next_start
-from ..executor import ABANDONED, DEAD, Completion, Executor, reclaim_connection
+from ..executor import ABANDONED, DEAD, Completion, Executor
 from .attempt import FINISHING, RUNNING, Attempt
+from .flow_gate import FlowGate
+from .slot_connections import SlotConnections
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -65,9 +65,6 @@ SERIALIZED_GAP_FACTOR = 1.0
 # How long after another connection last wrote the dispatcher keeps sharing the lock that way.
 SHARING_S = 0.25
 
-
-# How often a pool whose claims succeed looks whether its queue got jobs with limits.
-LIMITED_CHECK_S = 1.0
 
 # A job claimed ahead that has waited this long for a slot is handed back for other workers.
 BUFFER_MAX_WAIT_S = 0.25
@@ -103,11 +100,7 @@ class Pool:
         self._seen_version: int | None = None
         self._read_version: Callable[[], int] | None = None  # PRAGMA data_version on the dispatcher's connection
         self._prepared_for: object = None  # the driver connection prepare_dispatcher_connection() tuned
-        # Flow control: a queue with limits of its own, or with limited jobs, claims through the
-        # limited claim (db/flow.py) from then on; the fast claim leaves limited jobs alone.
-        self._limits = runtime.settings.queue(queue).limits
-        self._gated = self._limits.any
-        self._limited_checked = 0.0  # monotonic time of the last look for limited jobs
+        self.gate = FlowGate(queue, runtime)
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -237,7 +230,7 @@ class Pool:
                 # probing first. Otherwise probe with a read, so an idle poll takes no write lock.
                 probed_due = False
                 if refill and probe and not pending and not named:
-                    due = self._next_due(now)
+                    due = self.gate.next_due(now)
                     probed_due = due is not None and due <= now
                     if due is None or due > now:
                         if runtime.burst:
@@ -260,7 +253,7 @@ class Pool:
                 runtime.unclaimed(limit - len(jobs))
                 if limit:
                     probe = len(jobs) < limit
-                    if self._learn_limits(found_none=not jobs and (probed_due or named)) and not jobs:
+                    if self.gate.learn(found_none=not jobs and (probed_due or named)) and not jobs:
                         wait_s = 0  # claim again, now through the limited claim
                         continue
                 if jobs:
@@ -307,36 +300,6 @@ class Pool:
         with self._has_ready:
             self._ready.extend(attempts)
             self._has_ready.notify(len(attempts))
-
-    def _next_due(self, now: int) -> int | None:
-        """When this pool may next claim something: the idle probe, a read that takes no write lock.
-
-        Under limits it asks whether a job may start, not merely whether one is due, so jobs
-        held back by a limit do not make an idle pool claim again and again.
-        """
-        store = self.runtime.store
-        if self._gated:
-            return store.retrying("probe", lambda d: next_start(d, self.queue, now, self._limits))
-        waiting_due, lease_due = store.due_times(self.queue)
-        return min((t for t in (waiting_due, lease_due) if t is not None), default=None)
-
-    def _learn_limits(self, *, found_none: bool) -> bool:
-        """Switch to the limited claim when the queue holds limited jobs; True when it just did.
-
-        Looked for when a claim found nothing although a job was due or announced (it may be
-        limited), and once a second while claims succeed, so that limited jobs do not wait for
-        the queue's other jobs to run out.
-        """
-        if self._gated:
-            return False
-        now_mono = time.monotonic()
-        if not found_none and now_mono - self._limited_checked < LIMITED_CHECK_S:
-            return False
-        self._limited_checked = now_mono
-        if self.runtime.store.retrying("look for limits", lambda d: has_limited_jobs(d, self.queue)):
-            logger.info("durq: queue %r holds jobs with limits; its claims now enforce them", self.queue)
-            self._gated = True
-        return self._gated
 
     def _sharing(self) -> bool:
         """Whether another connection wrote to the database lately (SQLite's ``data_version`` moved)."""
@@ -418,7 +381,7 @@ class Pool:
         runtime = self.runtime
         self._prepare_connection()
         limit, now = claim if claim else (0, 0)
-        limits = self._limits if self._gated else None
+        limits = self.gate.claim_limits
         if not completions:
             return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, runtime.clock) if limit > 0 else []
         leases = [attempt.lease for attempt in completions if attempt.finished_ms is None]
@@ -563,42 +526,3 @@ class Pool:
                 self.runtime.book.remove(attempt)
                 self._add_thread()
                 self.kick.set()
-
-
-class SlotConnections:
-    """One slot thread's database connections, kept in hand between jobs.
-
-    Asking Django's thread-local for each connection after every job costs more than a short
-    job itself, so a slot looks the wrappers up once (no connection is opened by that) and
-    again after it has been idle. Wrappers outlive ``close()``: Django reconnects them on use.
-    """
-
-    def __init__(self) -> None:
-        self.wrappers: list[BaseDatabaseWrapper] = []
-
-    def after_idle(self) -> None:
-        """Close connections the server dropped while this slot was idle, before a handler gets them.
-
-        A server restart, a failover or ``idle_session_timeout`` kills idle connections; without
-        this check the next handler on every slot would fail its attempt on its first query.
-        """
-        self.wrappers = [connections[alias] for alias in connections]
-        for connection in self.wrappers:
-            if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
-                connection.close()
-
-    def tidy(self) -> None:
-        """Drop connections a handler broke or left inside a transaction; keep healthy ones open.
-
-        Unlike ``close_old_connections()``, a healthy connection survives between jobs even with
-        ``CONN_MAX_AGE = 0``: reconnecting for every job would cost more than most jobs.
-        """
-        for connection in self.wrappers:
-            if connection.connection is None:
-                continue
-            if connection.in_atomic_block or not connection.get_autocommit():
-                reclaim_connection(connection)  # a handler's, on a database the queue does not use
-            elif connection.errors_occurred and not connection.is_usable():
-                connection.close()
-            elif connection.close_at is not None and connection.settings_dict["CONN_MAX_AGE"]:
-                connection.close_if_unusable_or_obsolete()

@@ -1,0 +1,68 @@
+"""Which claim a pool uses: the fast claim, or the limited claim once its queue has limits.
+
+A queue with limits of its own (``DURQ["QUEUES"]``) claims through the limited claim
+(``db/flow.py``) from the start; any other switches to it for good once it holds a job with a
+``Limit``. The fast claim leaves limited jobs alone, so a pool that has not switched yet never
+runs one without its limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..db.flow import has_limited_jobs, next_start
+from ..limits import QueueLimits
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+logger = logging.getLogger("django_durq")
+
+# How often a pool whose claims succeed looks whether its queue got jobs with limits.
+LIMITED_CHECK_S = 1.0
+
+
+class FlowGate:
+    def __init__(self, queue: str, runtime: Runtime) -> None:
+        self.queue = queue
+        self.runtime = runtime
+        self.limits = runtime.settings.queue(queue).limits
+        self.gated = self.limits.any
+        self._checked = 0.0  # monotonic time of the last look for limited jobs
+
+    @property
+    def claim_limits(self) -> QueueLimits | None:
+        """What the pool's claims pass: the queue's limits once gated (the limited claim), else None."""
+        return self.limits if self.gated else None
+
+    def next_due(self, now: int) -> int | None:
+        """When this pool may next claim something: the idle probe, a read that takes no write lock.
+
+        Under limits it asks whether a job may start, not merely whether one is due, so jobs
+        held back by a limit do not make an idle pool claim again and again.
+        """
+        store = self.runtime.store
+        if self.gated:
+            return store.retrying("probe", lambda d: next_start(d, self.queue, now, self.limits))
+        waiting_due, lease_due = store.due_times(self.queue)
+        return min((t for t in (waiting_due, lease_due) if t is not None), default=None)
+
+    def learn(self, *, found_none: bool) -> bool:
+        """Switch to the limited claim when the queue holds limited jobs; True when it just did.
+
+        Looked for when a claim found nothing although a job was due or announced (it may be
+        limited), and once a second while claims succeed, so that limited jobs do not wait for
+        the queue's other jobs to run out.
+        """
+        if self.gated:
+            return False
+        now_mono = time.monotonic()
+        if not found_none and now_mono - self._checked < LIMITED_CHECK_S:
+            return False
+        self._checked = now_mono
+        if self.runtime.store.retrying("look for limits", lambda d: has_limited_jobs(d, self.queue)):
+            logger.info("durq: queue %r holds jobs with limits; its claims now enforce them", self.queue)
+            self.gated = True
+        return self.gated
