@@ -16,6 +16,18 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, own_connection
 
+# What a claim writes: its parameters are the worker, then the claim time twice.
+_TAKE = f"""UPDATE {JOB} AS job SET
+    status = 'running',
+    attempts = job.attempts + 1,
+    claim_token = job.claim_token + 1,
+    claimed_by = %s,
+    started_ms = %s,
+    lease_expires_ms = %s + job.lease_ms,
+    reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
+"""
+_RETURNING = "RETURNING " + ", ".join("job." + column for column in CLAIM_COLUMNS)
+
 # A CTE that locks rows is always materialized, so it works as an optimization fence: the
 # planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
 # "id = ANY(ARRAY(...))" makes the update primary-key lookups whatever the table statistics say
@@ -35,35 +47,19 @@ WITH expired AS (
 ), picked AS (
     SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT %s
 )
-UPDATE {JOB} AS job SET
-    status = 'running',
-    attempts = job.attempts + 1,
-    claim_token = job.claim_token + 1,
-    claimed_by = %s,
-    started_ms = %s,
-    lease_expires_ms = %s + job.lease_ms,
-    reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
-WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
+{_TAKE}WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
+{_RETURNING}
 """
 
 # A limited claim's update of the jobs it admitted (db/flow.py). A row another transaction holds
 # (an enqueue replacing its arguments, an operator's cancel) is skipped, not waited for: the
 # claimer holds its queue's turn, and other claimers would wait with it.
 _CLAIM_IDS = f"""
-UPDATE {JOB} AS job SET
-    status = 'running',
-    attempts = job.attempts + 1,
-    claim_token = job.claim_token + 1,
-    claimed_by = %s,
-    started_ms = %s,
-    lease_expires_ms = %s + job.lease_ms,
-    reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
-WHERE job.id = ANY(ARRAY(
+{_TAKE}WHERE job.id = ANY(ARRAY(
     SELECT id FROM {JOB} WHERE id = ANY(%s::bigint[])
         AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
     FOR UPDATE SKIP LOCKED))
-RETURNING {", ".join("job." + column for column in CLAIM_COLUMNS)}
+{_RETURNING}
 """
 
 # SQLSTATEs of contention worth a retry: deadlock, serialization failure, lock not available.

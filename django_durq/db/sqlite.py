@@ -13,9 +13,8 @@ from collections.abc import Callable, Sequence
 
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease
 
-# INDEXED BY: without statistics SQLite may read the due index and sort every waiting row; the
-# claim index (waiting rows only, see migration 0002) already holds them in claim order.
-_CLAIM = f"""
+# What a claim writes: its parameters are the worker, then the claim time twice.
+_TAKE = f"""
 UPDATE {JOB} SET
     status = 'running',
     attempts = attempts + 1,
@@ -24,7 +23,11 @@ UPDATE {JOB} SET
     started_ms = %s,
     lease_expires_ms = %s + lease_ms,
     reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END
-WHERE id IN (
+"""
+
+# INDEXED BY: without statistics SQLite may read the due index and sort every waiting row; the
+# claim index (waiting rows only, see migration 0002) already holds them in claim order.
+_CLAIM = f"""{_TAKE}WHERE id IN (
     SELECT id FROM (
         SELECT id FROM {JOB}
         WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
@@ -40,16 +43,7 @@ RETURNING {", ".join(CLAIM_COLUMNS)}
 """
 
 # A limited claim's update of the jobs it picked under the write lock (db/flow.py).
-_CLAIM_IDS = f"""
-UPDATE {JOB} SET
-    status = 'running',
-    attempts = attempts + 1,
-    claim_token = claim_token + 1,
-    claimed_by = %s,
-    started_ms = %s,
-    lease_expires_ms = %s + lease_ms,
-    reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END
-WHERE id IN (SELECT value FROM json_each(%s))
+_CLAIM_IDS = f"""{_TAKE}WHERE id IN (SELECT value FROM json_each(%s))
     AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
 RETURNING {", ".join(CLAIM_COLUMNS)}
 """
