@@ -219,12 +219,14 @@ def test_sigterm_lets_short_jobs_finish_and_exits_0(spawn_worker):
     assert all(ms < signalled for ms in Effect.objects.values_list("started_ms", flat=True))
 
 
-def test_sigterm_releases_jobs_that_outlive_the_grace(spawn_worker):
+def test_sigterm_releases_jobs_that_outlive_the_grace(spawn_worker, tmp_path):
+    began = tmp_path / "began"
     stubborn = jobs.slow.using(queue="default").enqueue(seconds=30, tag="stubborn")
-    polite = jobs.until_stopped.enqueue(seconds=30, tag="polite")
+    polite = jobs.until_stopped.enqueue(seconds=30, tag="polite", began=str(began))
     worker = spawn_worker("--queue", "default:2", "--grace", "1")
     wait_until(lambda: Job.objects.running().count() == 2, 30, "both jobs running")
-    time.sleep(0.3)  # claimed is not yet started: let the slots take the jobs
+    # Claimed is not yet started: the polite handler must be running to see should_stop().
+    wait_until(began.exists, 30, "the polite handler to start")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     polite_row = Job.objects.get(pk=polite.pk)
@@ -290,10 +292,11 @@ def test_kill_9_mid_job_is_recovered_through_the_lease(spawn_worker):
     assert rescuer.wait(timeout=20) == 0
 
 
-def test_the_first_ctrl_c_says_what_happens_and_the_last_line_counts_hand_backs(spawn_worker):
-    queued = jobs.until_stopped.enqueue(seconds=30.0)
+def test_the_first_ctrl_c_says_what_happens_and_the_last_line_counts_hand_backs(spawn_worker, tmp_path):
+    began = tmp_path / "began"
+    jobs.until_stopped.enqueue(seconds=30.0, began=str(began))
     worker = spawn_worker("--queue", "default:1")
-    wait_until(lambda: Job.objects.filter(pk=queued.pk, status="running").exists(), 30, "the job to start")
+    wait_until(began.exists, 30, "the handler to start")
     worker.signal(signal.SIGINT)
     assert worker.wait(timeout=30) == 0
     output = worker.output()

@@ -113,7 +113,14 @@ def read_order(ctx, order_id):
 
 
 @job(name="tests.until_stopped", lease=timedelta(seconds=30))
-def until_stopped(ctx, seconds=30.0, tag="stopper"):
+def until_stopped(ctx, seconds=30.0, tag="stopper", began=""):
+    """Runs until asked to stop; with ``began``, creates that file once the handler is running.
+
+    A claimed job is ``running`` in the table before a slot starts its handler, so tests that must
+    signal a worker mid-handler wait for this file rather than for the status.
+    """
+    if began:
+        open(began, "w").close()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if ctx.should_stop():
