@@ -61,6 +61,27 @@ def db_vendor() -> str:
     return os.environ.get("DURQ_TEST_DB", "sqlite")
 
 
+# Which tests run on which CI leg. SQLite and PostgreSQL each have two legs (oldest and newest
+# Python/Django): tests marked ``one_leg`` (the fault catalogue, the process-heavy worker tests)
+# run on the newest one only, so each database runs them once per CI run, and the oldest legs
+# prove the package, its API and a real worker on the oldest supported versions.
+# ``DURQ_TEST_FAULTS=all`` runs them on any interpreter. Tests marked ``heavy`` run only with
+# ``DURQ_TEST_HEAVY=1`` (``benchmarks/soak.py --tests``).
+HEAVY = os.environ.get("DURQ_TEST_HEAVY") == "1"
+EVERY_LEG = HEAVY or os.environ.get("DURQ_TEST_FAULTS") == "all"
+OLDEST_LEG = sys.version_info < (3, 12) and db_vendor() in ("sqlite", "postgres")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    heavy = pytest.mark.skip(reason="heavy: runs with DURQ_TEST_HEAVY=1 (benchmarks/soak.py --tests)")
+    newest = pytest.mark.skip(reason="runs on the newest-Python leg of this database (DURQ_TEST_FAULTS=all: here too)")
+    for item in items:
+        if "heavy" in item.keywords and not HEAVY:
+            item.add_marker(heavy)
+        elif "one_leg" in item.keywords and OLDEST_LEG and not EVERY_LEG:
+            item.add_marker(newest)
+
+
 class WorkerProcess:
     def __init__(self, popen: subprocess.Popen[bytes], log: Path) -> None:
         self.popen = popen

@@ -6,11 +6,8 @@ duplicate. Every "within X" of the catalogue is the cap of a polling wait, never
 assertion.
 
 Tests marked ``heavy`` run only with ``DURQ_TEST_HEAVY=1`` (``benchmarks/soak.py --tests``
-sets it); :func:`size` picks the CI or the full size of a test that runs in both.
-
-SQLite and PostgreSQL each have two CI legs (oldest and newest Python/Django). Tests marked
-``one_leg`` run on the newest one only, so that each database runs the whole catalogue once per
-CI run; ``DURQ_TEST_FAULTS=all`` runs them on any interpreter.
+sets it); :func:`size` picks the CI or the full size of a test that runs in both. Which CI leg
+runs what (``one_leg``) is decided in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, WorkerProcess, db_vendor, wait_until
+from tests.conftest import HEAVY, ROOT, WorkerProcess, db_vendor, wait_until
 
 LEASE_S = 2.0
 HEARTBEAT_S = 0.5
@@ -37,28 +34,10 @@ SHORT_ENV = {
     "DURQ_TEST_POLL": str(POLL_S),
     "DURQ_TEST_KEEP_FINISHED": "3600",
 }
-HEAVY = os.environ.get("DURQ_TEST_HEAVY") == "1"
-EVERY_LEG = HEAVY or os.environ.get("DURQ_TEST_FAULTS") == "all"
-OLDEST_LEG = sys.version_info < (3, 12) and db_vendor() in ("sqlite", "postgres")
 
 
 def size(ci: int, heavy: int) -> int:
     return heavy if HEAVY else ci
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "heavy: long fault tests, run by benchmarks/soak.py --tests (DURQ_TEST_HEAVY=1)")
-    config.addinivalue_line("markers", "one_leg: runs on the newest-Python CI leg of each database")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    heavy = pytest.mark.skip(reason="heavy: runs with DURQ_TEST_HEAVY=1 (benchmarks/soak.py --tests)")
-    newest = pytest.mark.skip(reason="runs on the newest-Python leg of this database (DURQ_TEST_FAULTS=all: here too)")
-    for item in items:
-        if "heavy" in item.keywords and not HEAVY:
-            item.add_marker(heavy)
-        elif "one_leg" in item.keywords and OLDEST_LEG and not EVERY_LEG:
-            item.add_marker(newest)
 
 
 one_leg = pytest.mark.one_leg
