@@ -1,8 +1,9 @@
 """The cron and retention duties of the maintenance runner (see ``maintenance.py``).
 
-One worker per database holds the maintenance lease and runs them about once a second. A lease
-can expire while its old holder still runs, so neither duty relies on it: a schedule's due time
-is taken by compare-and-set on its row, and pruning deletes only rows that are still expired.
+One worker per database holds the maintenance lease and runs them: cron once a second, pruning
+at a pace set by how long rows are kept (``prune_every_ms``). A lease can expire while its old
+holder still runs, so neither duty relies on it: a schedule's due time is taken by
+compare-and-set on its row, and pruning deletes only rows that are still expired.
 """
 
 from __future__ import annotations
@@ -17,7 +18,21 @@ from ..conf import DurqSettings
 from ..db import dialect_for
 from ..db.dependencies import settle, uncounted_ends
 from ..models import Dependency, Job, QueueStat, Status, Workflow
-from .maintenance import register_duty
+from .maintenance import INTERVAL_MS, register_duty
+
+# Pruning looks again after a tenth of the shortest time rows are kept, within these bounds: a
+# row outlives its window by that at most, and an idle worker does not scan every second for
+# rows kept an hour.
+PRUNE_EVERY_MAX_MS = 60_000
+
+
+def prune_every_ms(*keep_ms: int | None) -> int:
+    """How often to look for rows to prune when each is kept this long (None: forever)."""
+    windows = [keep for keep in keep_ms if keep is not None]
+    if not windows:
+        return PRUNE_EVERY_MAX_MS
+    return min(max(min(windows) // 10, INTERVAL_MS), PRUNE_EVERY_MAX_MS)
+
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -31,6 +46,7 @@ class CronDuty:
     """
 
     name = "cron"
+    every_ms = INTERVAL_MS  # due times fall on whole seconds
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         return schedules.tick(now_ms)
@@ -52,6 +68,13 @@ class RetentionDuty:
         self.batch_size = batch_size
         self.max_batches = max_batches
         self._batches_left = 0
+        queues = settings.queues.values()
+        self.every_ms = prune_every_ms(
+            settings.keep_finished_ms,
+            settings.keep_dead_ms,
+            *(queue.keep_finished_ms for queue in queues if queue.keep_finished_ms is not None),
+            *(queue.keep_dead_ms for queue in queues if queue.keep_dead_ms is not None),
+        )
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         counts = {Status.FINISHED.value: 0, Status.CANCELLED.value: 0, Status.DEAD.value: 0}
@@ -105,6 +128,7 @@ class StatsRetention:
 
     name = "stats-retention"
     keep_ms = 2 * 24 * 3600 * 1000
+    every_ms = PRUNE_EVERY_MAX_MS
 
     def __init__(self, settings: DurqSettings) -> None:
         self.settings = settings
@@ -124,6 +148,7 @@ class SettleDuty:
     """
 
     name = "settle"
+    every_ms = INTERVAL_MS  # the longest a missed count waits
 
     def __init__(self, settings: DurqSettings) -> None:
         self.settings = settings
@@ -146,6 +171,7 @@ class WorkflowRetention:
 
     def __init__(self, settings: DurqSettings) -> None:
         self.settings = settings
+        self.every_ms = prune_every_ms(settings.keep_finished_ms, settings.keep_dead_ms)
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         alias = self.settings.database

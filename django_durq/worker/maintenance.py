@@ -1,8 +1,11 @@
 """Maintenance duties (cron, pruning, stale worker rows), run by one worker per database at a time.
 
-A duty is a small object with ``name`` and ``run_once(now_ms) -> dict of counts``. Workers
-compete for one ``DutyLease`` row by compare-and-set; the holder runs every duty each interval
-and renews the lease, and if it dies another worker takes over once the lease expires. On SQLite
+A duty is a small object with ``name``, ``every_ms`` and ``run_once(now_ms) -> dict of counts``.
+Workers compete for one ``DutyLease`` row by compare-and-set; the holder runs a pass each
+interval and renews the lease, and if it dies another worker takes over once the lease expires.
+A pass runs a duty when ``every_ms`` has passed since it last ran, or at once when its last run
+found work (a count above zero: there may be more), so an idle database costs a few reads a
+second rather than every duty's. On SQLite
 the leader is whoever holds the presence directory's leader lock instead (see ``presence.py``):
 no row to renew, and a dead leader's lock is free the moment its process ends.
 """
@@ -43,6 +46,7 @@ PASS_OFFSET_MS = 20
 
 class Duty(Protocol):
     name: str
+    every_ms: int  # how often it runs while it finds nothing to do
 
     def run_once(self, now_ms: int) -> dict[str, int]: ...
 
@@ -65,6 +69,7 @@ class StaleWorkers:
     """
 
     name = "stale-workers"
+    every_ms = 5_000  # a row outlives its worker by this at most; nothing but the listing reads it
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -140,6 +145,8 @@ class MaintenanceRunner:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.duties = [factory(runtime) for factory in _duty_factories]
+        # When each duty runs next (clock ms); a worker that becomes the holder runs them all.
+        self._next_run_ms: dict[str, int] = {}
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="durq-maintenance", daemon=True)
 
@@ -161,13 +168,19 @@ class MaintenanceRunner:
                 "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, LEASE_TTL_MS)
             )
         if not held:
+            self._next_run_ms.clear()
             return None
         results: dict[str, dict[str, int]] = {}
         for duty in self.duties:
+            if now_ms < self._next_run_ms.get(duty.name, 0):
+                continue
+            found_work = True  # a failed run is tried again at the next pass
             try:
                 results[duty.name] = runtime.store.retrying(duty.name, _runner(duty, now_ms))
+                found_work = any(results[duty.name].values())
             except Exception:
                 logger.exception("durq: maintenance duty %s failed", duty.name)
+            self._next_run_ms[duty.name] = now_ms + (INTERVAL_MS if found_work else getattr(duty, "every_ms", INTERVAL_MS))
         return results
 
     def _loop(self) -> None:

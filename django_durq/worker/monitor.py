@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from ..models import WorkerProcess
+from .pool import TIMEOUT_GRACE_MS
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_durq")
 
 TICK_S = 0.2
+# An idle worker's monitor wakes at most this often: a timeout is reaped only TIMEOUT_GRACE_MS
+# after it passes, so a job claimed meanwhile is looked at in time all the same.
+IDLE_TICK_S = TIMEOUT_GRACE_MS / 1000
 
 
 def rss_mb() -> float:
@@ -62,7 +66,7 @@ class Monitor:
     def _loop(self) -> None:
         runtime = self.runtime
         try:
-            while not self.stopped.wait(TICK_S):
+            while not self.stopped.wait(self._pause_s()):
                 for pool in self.pools:
                     pool.reap_timeouts()
                 mono = time.monotonic()
@@ -82,6 +86,13 @@ class Monitor:
             runtime.request_stop("monitor failure")
         finally:
             connections.close_all()
+
+    def _pause_s(self) -> float:
+        """TICK_S while this process holds attempts; idle, until the next scan for lost last attempts."""
+        if len(self.runtime.book):
+            return TICK_S
+        until_bury_s = self.runtime.settings.poll_interval_ms / 1000 - (time.monotonic() - self._last_bury)
+        return min(max(until_bury_s, TICK_S), IDLE_TICK_S)
 
     def flush(self, now: int) -> None:
         """Write the counters and record this process as alive."""

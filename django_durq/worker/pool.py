@@ -278,6 +278,7 @@ class Pool:
                 self._closing = True
                 self._has_ready.notify_all()
             self.finished.set()
+            runtime.wake_main()
 
     def _enter(self, jobs: list[ClaimedJob], claimed_mono: float) -> None:
         """Make claimed jobs attempts: into the book (so their leases are kept), then the buffer."""

@@ -55,7 +55,8 @@ class Runtime:
         self.poll_s = settings.poll_interval_ms / 1000
         self.stop_claiming = threading.Event()  # no new claims (signal, --max-jobs, --max-memory, error)
         self.shutdown = threading.Event()  # running handlers are asked to stop (any stop the worker decides)
-        self.wake_supervisor = threading.Event()
+        # Wakes the supervisor's main thread (a stop was requested, a pool finished): set by it.
+        self.wake_main: Callable[[], None] = lambda: None
         self.stop_reason = ""
         # Every attempt this process holds a lease for; the lease keeper renews exactly these.
         self.book = AttemptBook()
@@ -82,7 +83,7 @@ class Runtime:
                 self.stop_reason = reason
         self.stop_claiming.set()
         self.shutdown.set()
-        self.wake_supervisor.set()
+        self.wake_main()
 
     def stop_cause(self) -> str:
         return self.stop_reason
@@ -96,11 +97,11 @@ class Runtime:
     def stop_on_signal(self, reason: str) -> None:
         """``request_stop()`` for a signal handler, which takes no lock the main thread may hold.
 
-        A handler runs in the main thread between two bytecodes, possibly while the supervisor
-        holds ``wake_supervisor``'s lock inside its own wait: setting that event there would
-        deadlock. The main thread never waits on these two events, and the supervisor sees
-        ``stop_claiming`` at its next tick (0.1 s). Claiming stops before handlers are told to,
-        so a job a handler hands back is not claimed again by this worker.
+        A handler runs in the main thread between two bytecodes, possibly inside a wait of the
+        supervisor's: setting an event whose lock that wait holds would deadlock. The main
+        thread never waits on these two events; the signal itself woke it (``main_bell.py``),
+        and it reads ``stop_claiming`` once the handler has run. Claiming stops before handlers
+        are told to, so a job a handler hands back is not claimed again by this worker.
         """
         if not self.stop_reason:
             self.stop_reason = reason

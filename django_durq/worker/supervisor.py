@@ -1,7 +1,7 @@
 """One worker process: a pool per named queue, signals, graceful shutdown.
 
-Signal handlers only record, taking no lock the main thread may hold; the main loop notices at
-its next tick and decides. The first SIGTERM or SIGINT stops
+Signal handlers only record, taking no lock the main thread may hold; the signal's arrival wakes
+the main loop (``main_bell.py``), which then decides. The first SIGTERM or SIGINT stops
 claiming and makes ``ctx.should_stop()`` true; running jobs get the grace period, then the
 leases of jobs still running are released so another worker takes them at once. Repeated
 SIGTERMs change nothing (process managers resend them); a second SIGINT (Ctrl-C twice) or a
@@ -29,6 +29,7 @@ from ..executor import RELEASED, error_list
 from ..models import WorkerProcess
 from ..presence import Presence
 from .keeper import LeaseKeeper
+from .main_bell import MainBell
 from .maintenance import MaintenanceRunner
 from .monitor import Monitor
 from .pool import Pool
@@ -36,6 +37,11 @@ from .runtime import Runtime
 from .watcher import Watcher
 
 logger = logging.getLogger("django_durq")
+
+# The main thread sleeps until rung (a stop, a pool that finished, a signal); this only bounds a
+# wake-up that went astray. A burst run's progress line is redrawn at the faster pace.
+MAIN_WAIT_S = 1.0
+PROGRESS_S = 0.1
 
 
 class Supervisor:
@@ -120,6 +126,9 @@ class Supervisor:
                 runtime.presence.withdraw()
             logger.info("durq: worker %s stopped during start-up (%s)", runtime.worker_id, runtime.stop_reason)
             return 0
+        self.bell = MainBell()
+        self.bell.hear_signals()
+        runtime.wake_main = self.bell.ring
         self.watcher.start()
         runtime.events.start()
         self.keeper.start()
@@ -132,15 +141,15 @@ class Supervisor:
         else:
             self.maintenance.start()
         connections.close_all()  # the main thread needs no connection until the worker stops
+        pace_s = MAIN_WAIT_S if self.on_tick is None else PROGRESS_S
         try:
             while not all(pool.finished.is_set() for pool in self.pools):
-                runtime.wake_supervisor.wait(0.1)
-                runtime.wake_supervisor.clear()
-                if self.on_tick is not None:
-                    self.on_tick(runtime)
                 if runtime.stop_claiming.is_set():
                     self._drain()
                     break
+                self.bell.wait(pace_s)
+                if self.on_tick is not None:
+                    self.on_tick(runtime)
         finally:
             self.maintenance.stop()
             self.monitor.stop()
@@ -152,6 +161,8 @@ class Supervisor:
             if runtime.presence is not None:
                 runtime.presence.withdraw()
             connections.close_all()
+            runtime.wake_main = lambda: None
+            self.bell.close()
         handed_back = runtime.outcomes.get(RELEASED, 0)
         logger.info(
             "durq: worker %s stopped (%s); %d jobs done, %d handed back",
@@ -174,8 +185,7 @@ class Supervisor:
             if all(pool.busy() == 0 for pool in self.pools):
                 time.sleep(0.01)
                 continue
-            runtime.wake_supervisor.wait(0.05)
-            runtime.wake_supervisor.clear()
+            self.bell.wait(0.05)
         for pool in self.pools:
             pool.flush_completions()
         # Handlers still running past the grace: their attempts are settled here, so whatever
