@@ -6,11 +6,19 @@ one row stays, so the unique index on ``unique_active`` still allows one active 
 and the enqueue returns the holder's id with its new values. A running holder is never changed,
 as its handler may already have read its arguments; the enqueue then returns it unchanged.
 
-The decision is taken from the row as it is under a lock held to the caller's commit:
-``SELECT … FOR UPDATE`` on PostgreSQL and MariaDB, where a claim skips the locked row and takes
-it after the commit with the new values. On SQLite the failed insert already took the
-database's one write lock, which a claim (one ``UPDATE … RETURNING``) needs too: a claim sees
-the old row or the new one, never a mix.
+The holder is found by a plain read; a waiting holder is then changed by an ``UPDATE`` of its
+primary key that tests its status and type again, and whose row lock is held to the caller's
+commit: on PostgreSQL and MariaDB a claim skips the locked row and takes it after the commit
+with the new values. On SQLite the failed insert already took the database's one write lock,
+which a claim (one ``UPDATE … RETURNING``) needs too: a claim sees the old row or the new one,
+never a mix.
+
+Why no ``SELECT … FOR UPDATE`` on the key: on MariaDB the failed insert leaves a shared lock on
+the key's index entry until the caller commits. Upgrading it to an exclusive one deadlocks with
+a worker whose ``DELETE`` of the finishing holder waits for that entry, and InnoDB may then roll
+back the caller's whole transaction. A running holder is returned without any lock, and the
+``UPDATE`` locks the row by its primary key only, so the enqueue never waits for a worker while
+it holds that shared lock.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplica
                 return insert()
         except IntegrityError:
             pass
-        found = jobs.select_for_update().filter(unique_active=key).first()
+        found = jobs.filter(unique_active=key).first()
         if found is None:
             return None
         found.deduplicated = True
@@ -75,10 +83,17 @@ def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplica
         if found.status != Status.WAITING or found.name != values["name"]:
             return found
         changes = {column: values.get(column) for column in _TAKEN[on_duplicate]}
-        # The write tests the status again: SQLite ignores FOR UPDATE (the failed insert's write
-        # lock, held to commit, is what keeps a claim out there), and a running job must never change.
-        if not jobs.filter(pk=found.pk, status=Status.WAITING).update(**changes):
-            return None
+        # The write tests the status again, under the row's lock: a claim may have taken the job
+        # since the read, and a running job must never change.
+        if not jobs.filter(pk=found.pk, status=Status.WAITING, name=values["name"]).update(**changes):
+            # Claimed since the read: return it running, unchanged, still without a lock (a
+            # worker may be deleting it). Still waiting means a hand-back, or a snapshot older
+            # than the row (REPEATABLE READ): the caller tries again.
+            now = jobs.filter(pk=found.pk, unique_active=key).first()
+            if now is None or now.status == Status.WAITING:
+                return None
+            now.deduplicated = True
+            return now
         if values["run_at_ms"] < found.run_at_ms:
             # Idle workers may be sleeping until the old, later due time.
             wakeup.wake_on_commit(alias, [found.queue])

@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable
 
 import pytest
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_durq.clock import now_ms
 from django_durq.exceptions import InvalidPayload
 from django_durq.models import ACTIVE_STATUSES, Job, Status, WorkerProcess
 from django_durq.store import Store
-from tests.conftest import wait_until
+from tests.conftest import db_vendor, wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Effect, Order
 
@@ -324,6 +324,58 @@ def test_replacers_racing_a_finishing_holder_end_with_one_waiting_job_and_no_err
         for job in active:
             assert job.status == Status.WAITING and job.kwargs in [{"tag": str(index)} for index in range(ENQUEUERS)]
         assert Order.objects.filter(label__startswith=f"{key}:").count() == ENQUEUERS
+
+
+def _lock_waits_here() -> int:
+    """Transactions of this test's database waiting for a row lock (MariaDB)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t"
+            " JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id"
+            " WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(db_vendor() != "mysql", reason="InnoDB's shared lock of a failed insert")
+@pytest.mark.django_db(transaction=True)
+def test_a_replacer_never_waits_for_the_worker_deleting_the_holder_it_failed_to_insert_over():
+    """Order made certain: the enqueue's insert fails on the running holder's key (its shared lock
+    on the key is kept to the caller's commit), then a worker's completion starts deleting the
+    holder and waits for that lock. Locking the holder now would deadlock, and InnoDB would roll
+    back the caller's transaction or the worker's."""
+    store = Store("default")
+    jobs.effect.using(unique="deleting", queue="deleting").enqueue(tag="holder")
+    (holder,) = store.claim("deleting", 1, now_ms(), "w")
+    completion_errors: list[str] = []
+    worker: list[threading.Thread] = []
+
+    def complete() -> None:
+        try:
+            with transaction.atomic():
+                store.dialect.complete([(holder.id, holder.claim_token)])
+        except Exception as error:  # noqa: BLE001 - reported by the test
+            completion_errors.append(f"{type(error).__name__}: {error}")
+        finally:
+            connections.close_all()
+
+    def then_the_worker_deletes(execute, sql, params, many, context):
+        try:
+            return execute(sql, params, many, context)
+        except IntegrityError:
+            if sql.startswith("INSERT INTO durq_job") and not worker:
+                worker.append(_in_thread(complete))
+                # InnoDB refreshes what information_schema shows of locks only after 0.1 s unread.
+                wait_until(lambda: _lock_waits_here() == 1, 10, "the worker's DELETE to wait for the enqueue's lock", 0.2)
+            raise
+
+    with connections["default"].execute_wrapper(then_the_worker_deletes), transaction.atomic():
+        Order.objects.create(label="deleting")
+        job = jobs.effect.using(unique="deleting", queue="deleting", on_duplicate="replace").enqueue(tag="new")
+    worker[0].join()
+    assert (job.pk, job.status, job.deduplicated, job.replaced) == (holder.id, Status.RUNNING, True, False)
+    assert completion_errors == []
+    assert not Job.objects.filter(pk=holder.id).exists() and Order.objects.filter(label="deleting").exists()
 
 
 def _claim_race(round_number: int) -> tuple[list[str], list[str], str]:

@@ -158,7 +158,10 @@ def test_prefetch_0_claims_only_for_free_slots(spawn_worker):
     jobs.effect_fast.using(queue="default", priority=10).enqueue_many([{"tag": "quick"} for _ in range(5)])
     jobs.until_stopped.enqueue_many([{"seconds": 60, "tag": f"b{n}"} for n in range(10)])
     worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_PREFETCH": "0"})
-    wait_until(lambda: Job.objects.running().count() == 2, 30, "two blockers running")
+    # The quick jobs come first (priority 10) and may be the two running at first: wait for the
+    # blockers, which then hold both slots, and nothing else may be claimed meanwhile.
+    blockers = Job.objects.running().filter(name="tests.until_stopped")
+    wait_until(lambda: blockers.count() == 2, 30, "two blockers running")
     for _ in range(10):
         assert Job.objects.running().count() == 2
         time.sleep(0.1)
