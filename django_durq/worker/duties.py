@@ -72,8 +72,8 @@ class RetentionDuty:
         self.every_ms = prune_every_ms(
             settings.keep_finished_ms,
             settings.keep_dead_ms,
-            *(queue.keep_finished_ms for queue in queues if queue.keep_finished_ms is not None),
-            *(queue.keep_dead_ms for queue in queues if queue.keep_dead_ms is not None),
+            *(queue.keep_finished_ms for queue in queues),
+            *(queue.keep_dead_ms for queue in queues),
         )
 
     def run_once(self, now_ms: int) -> dict[str, int]:

@@ -180,7 +180,7 @@ class MaintenanceRunner:
                 found_work = any(results[duty.name].values())
             except Exception:
                 logger.exception("durq: maintenance duty %s failed", duty.name)
-            self._next_run_ms[duty.name] = now_ms + (INTERVAL_MS if found_work else getattr(duty, "every_ms", INTERVAL_MS))
+            self._next_run_ms[duty.name] = now_ms + (INTERVAL_MS if found_work else duty.every_ms)
         return results
 
     def _loop(self) -> None:
