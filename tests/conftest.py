@@ -62,7 +62,7 @@ def db_vendor() -> str:
 
 
 # Which tests run on which CI leg. SQLite and PostgreSQL each have two legs (oldest and newest
-# Python/Django): tests marked ``one_leg`` (the fault catalogue, the process-heavy worker tests)
+# Python/Django): tests marked ``one_leg`` (the fault catalogue and a few process-heavy tests)
 # run on the newest one only, so each database runs them once per CI run, and the oldest legs
 # prove the package, its API and a real worker on the oldest supported versions.
 # ``DURQ_TEST_FAULTS=all`` runs them on any interpreter. Tests marked ``heavy`` run only with
