@@ -203,6 +203,9 @@ class WorkerProcess(models.Model):
     started_ms = models.BigIntegerField()
     last_seen_ms = models.BigIntegerField()
     jobs_done = models.BigIntegerField(default=0)
+    holds_lock = models.BooleanField(
+        default=False, help_text="Its process holds a presence lock (a file's, a database session's); else it writes heartbeats."
+    )
 
     class Meta:
         db_table = "durq_worker"

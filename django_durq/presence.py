@@ -1,15 +1,19 @@
-"""Which workers are alive on a SQLite database, learned from the operating system, not from writes.
+"""Which workers are alive, learned from locks that end with their process, not from writes.
 
-Every process that uses a SQLite database runs on the host that holds the file, so the kernel
-can say which workers are alive: each worker holds an exclusive ``flock`` on a file of its own in
-a directory next to the database (``<database>-durq/``), and the kernel drops the lock when the
-process ends, however it ends. An idle worker therefore writes no heartbeat row, and the
-maintenance leader is whichever worker holds ``maintenance.lock``: an idle worker on SQLite
-takes the database's write lock not at all.
+On SQLite every process that uses the database runs on the host that holds the file, so the
+kernel can say which workers are alive: each worker holds an exclusive ``flock`` on a file of its
+own in a directory next to the database (``<database>-durq/``), and the kernel drops the lock
+when the process ends, however it ends. The maintenance leader is whichever worker holds
+``maintenance.lock``.
 
-Elsewhere (PostgreSQL, MariaDB: workers on many hosts), and wherever these locks cannot be used
-(no ``fcntl``, an in-memory database, a directory that cannot be written), there is no presence
-directory, and heartbeat rows stay the evidence that a worker is alive.
+On PostgreSQL and MariaDB a session of the worker's own holds its lock, and the leader's once it
+leads (``db/session_locks.py``): the server frees them when the session ends. On PostgreSQL that
+session goes to ``DURQ["LISTEN_DATABASE"]``, as a transaction pooler would hand it to others.
+
+Either way an idle worker writes no heartbeat row and renews no lease. Where no lock can be held
+(no ``fcntl``, an in-memory database, a directory that cannot be written, no direct PostgreSQL
+connection, a server that refuses the session), heartbeat rows stay the evidence that a worker is
+alive, and a lease row picks the leader. A worker's row says which it uses (``holds_lock``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,15 @@ import contextlib
 import enum
 import logging
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 from django.db import connections
+
+from .db.session_locks import SessionLocks, session_locks
 
 try:
     import fcntl
@@ -34,10 +43,46 @@ LEADER_FILE = "maintenance.lock"
 SUFFIX = ".worker"
 
 
+# A session lock's session: the server ends it after this long without a statement, so a paused or
+# cut-off worker's locks are freed then; the session's thread speaks at least every WAIT_S.
+SESSION_IDLE_S = 10
+WAIT_S = 2.0
+WITHDRAW_S = 5.0
+
+
 class Liveness(enum.Enum):
     HELD = "held"  # the worker's process is alive
     RELEASED = "released"  # its process has ended
-    UNKNOWN = "unknown"  # no lock file for it: judge by its heartbeat row
+    UNKNOWN = "unknown"  # it holds no lock: judge by its heartbeat row
+
+
+class WorkerPresence(Protocol):
+    def lead(self) -> bool:
+        """True while this worker holds the maintenance leader's lock."""
+        ...
+
+    def renewed(self) -> bool:
+        """True once after the worker's lock was lost and taken again: its row may have been removed."""
+        ...
+
+    def withdraw(self) -> None:
+        """At a clean stop: drop this worker's locks."""
+        ...
+
+
+def announce(alias: str, worker_id: str, session_alias: str | None) -> WorkerPresence | None:
+    """Hold this worker's lock; None (heartbeat rows instead) where it cannot be held.
+
+    ``session_alias``: where a server's session lock is held (None: nowhere, as behind a
+    transaction pooler); the queue's database on SQLite.
+    """
+    if connections[alias].vendor == "sqlite":
+        return Presence.announce(alias, worker_id)
+    if connections[alias].vendor == "mysql":
+        session_alias = alias  # no transaction pooler keeps MariaDB's sessions from their clients
+    if session_alias is None:
+        return None
+    return SessionPresence.announce(alias, session_alias, worker_id)
 
 
 def directory(alias: str) -> Path | None:
@@ -104,6 +149,9 @@ class Presence:
             return None
         return cls(root, worker_id, fd)
 
+    def renewed(self) -> bool:
+        return False  # a file lock is held until the process ends
+
     def lead(self) -> bool:
         """True while this worker holds the maintenance leader's lock; takes it when it is free."""
         if self._leader_fd is None:
@@ -124,15 +172,118 @@ class Presence:
             self._leader_fd = None
 
 
-def liveness(alias: str, worker_id: str) -> Liveness:
-    """Whether the worker's process holds its lock, has ended, or keeps no lock file at all."""
-    return states(alias, [worker_id])[worker_id]
+class SessionPresence:
+    """This worker's locks on a database server, held by a session of its own and the thread that keeps it.
+
+    The thread waits on the server for the leader's lock (``WAIT_S`` at a time, no work on either
+    side while it waits); once it leads, it says ``SELECT 1`` every ``WAIT_S`` so that the server
+    does not end the session as silent. If the session is lost (a restart, a network cut, a pause
+    longer than ``SESSION_IDLE_S``), the thread connects again and takes the worker's lock again.
+    """
+
+    def __init__(self, locks: SessionLocks, worker_id: str, session: Any, leading: bool) -> None:
+        self.locks = locks
+        self.worker_id = worker_id
+        self._session: Any = session
+        self._leading = leading
+        self._renewed = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="durq-presence", daemon=True)
+
+    @classmethod
+    def announce(cls, alias: str, session_alias: str, worker_id: str) -> SessionPresence | None:
+        locks = session_locks(session_alias)
+        if locks is None or connections[session_alias].settings_dict["NAME"] != connections[alias].settings_dict["NAME"]:
+            return None
+        try:
+            session = cls._open(locks, worker_id)
+            leading = locks.take(session, None, 0)  # at once: a --burst run's one pass needs to know
+        except Exception as error:  # noqa: BLE001 - any refusal: heartbeats instead
+            logger.warning(
+                "durq: cannot hold a presence lock on %r (%s); this worker writes heartbeat rows instead", session_alias, error
+            )
+            return None
+        presence = cls(locks, worker_id, session, leading)
+        presence._thread.start()
+        return presence
+
+    @staticmethod
+    def _open(locks: SessionLocks, worker_id: str) -> Any:
+        session = locks.connect(SESSION_IDLE_S)
+        try:
+            if not locks.take(session, worker_id, WAIT_S):
+                raise RuntimeError("another session holds this worker's lock")
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def lead(self) -> bool:
+        return self._leading
+
+    def renewed(self) -> bool:
+        renewed, self._renewed = self._renewed, False
+        return renewed
+
+    def withdraw(self) -> None:
+        self._stopped.set()
+        # A wait for the leader's lock is interrupted; a connect to a server that does not answer
+        # is not waited for long (the session, if it ever opens, is closed by the thread).
+        deadline = time.monotonic() + WITHDRAW_S
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # nothing to interrupt, or the session is gone
+                if self._session is not None:
+                    self.locks.interrupt(self._session)
+            self._thread.join(timeout=0.2)
+
+    def _run(self) -> None:
+        delay = 0.1
+        try:
+            while not self._stopped.is_set():
+                try:
+                    if self._session is None:
+                        self._session = self._open(self.locks, self.worker_id)
+                        self._renewed = True
+                        logger.info("durq: this worker's presence lock is held again")
+                    if not self._leading:
+                        self._leading = self.locks.take(self._session, None, WAIT_S)
+                    elif not self._stopped.wait(WAIT_S):
+                        self._session.cursor().execute("SELECT 1")
+                    delay = 0.1
+                except Exception as error:  # noqa: BLE001 - connect again; heartbeats are not needed meanwhile
+                    self._leading = False
+                    self._close()
+                    logger.warning("durq: the presence session was lost (%s); connecting again", type(error).__name__)
+                    self._stopped.wait(delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            self._leading = False
+            self._close()
+
+    def _close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.close()
 
 
-def states(alias: str, worker_ids: Iterable[str]) -> dict[str, Liveness]:
-    """``liveness()`` of each worker, the directory looked up once."""
+def liveness(alias: str, worker_id: str, holds_lock: bool = True) -> Liveness:
+    """Whether the worker's process holds its lock, has ended, or holds no lock at all."""
+    return states(alias, {worker_id: holds_lock})[worker_id]
+
+
+def states(alias: str, workers: Mapping[str, bool]) -> dict[str, Liveness]:
+    """``liveness()`` of each worker (id -> whether its row says it holds a lock), looked up at once."""
     root = directory(alias)
-    return {worker_id: Liveness.UNKNOWN if root is None else _state(root, worker_id) for worker_id in worker_ids}
+    if root is not None:
+        return {worker_id: _state(root, worker_id) for worker_id in workers}
+    locks = session_locks(alias)
+    locked = [worker_id for worker_id, holds_lock in workers.items() if holds_lock]
+    held = locks.held(locked) if locks is not None and locked else set()
+    return {
+        worker_id: (Liveness.HELD if worker_id in held else Liveness.RELEASED) if holds_lock else Liveness.UNKNOWN
+        for worker_id, holds_lock in workers.items()
+    }
 
 
 def _state(root: Path, worker_id: str) -> Liveness:

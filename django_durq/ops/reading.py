@@ -83,19 +83,16 @@ def queue_names(using: str | None = None) -> list[str]:
 
 
 def live_workers(*, now_ms: int | None = None, using: str | None = None) -> list[WorkerProcess]:
-    """Workers alive now: holding their presence lock (SQLite), or else heartbeating recently.
+    """Workers alive now: holding their presence lock, or else heartbeating recently.
 
-    A worker whose lock is held is alive however long ago it last wrote (an idle worker on SQLite
-    writes nothing), so it is reported as seen now; one whose lock is released has ended.
+    A worker whose lock is held is alive however long ago it last wrote (an idle worker writes
+    nothing), so it is reported as seen now; one whose lock is released has ended.
     """
     alias = alias_of(using)
     now = now_or(now_ms)
     horizon = now - LIVE_HEARTBEATS * get_settings().heartbeat_interval_ms
-    workers = WorkerProcess.objects.using(alias).order_by("host", "started_ms", "pid")
-    if presence.directory(alias) is None:
-        return list(workers.filter(last_seen_ms__gte=horizon))
-    rows = list(workers)
-    held = presence.states(alias, [worker.worker_id for worker in rows])
+    rows = list(WorkerProcess.objects.using(alias).order_by("host", "started_ms", "pid"))
+    held = presence.states(alias, {worker.worker_id: worker.holds_lock for worker in rows})
     alive = []
     for worker in rows:
         state = held[worker.worker_id]

@@ -1,18 +1,21 @@
 """Maintenance duties (cron, pruning, stale worker rows), run by one worker per database at a time.
 
 A duty is a small object with ``name``, ``every_ms`` and ``run_once(now_ms) -> dict of counts``.
-Workers compete for one ``DutyLease`` row by compare-and-set; the holder runs a pass each
-interval and renews the lease, and if it dies another worker takes over once the lease expires.
-A pass runs a duty when ``every_ms`` has passed since it last ran, or at once when its last run
-found work (a count above zero: there may be more), so an idle database costs a few reads a
-second rather than every duty's. On SQLite
-the leader is whoever holds the presence directory's leader lock instead (see ``presence.py``):
-no row to renew, and a dead leader's lock is free the moment its process ends.
+The leader is whoever holds the leader's presence lock (``presence.py``): a file lock on SQLite,
+a session lock on PostgreSQL and MariaDB. Nothing is renewed, and a dead leader's lock is free
+the moment its process ends. A worker that holds no presence lock competes for one
+``DutyLease`` row by compare-and-set instead; the holder renews it each pass, and if it dies
+another worker takes over once the lease expires. The leader runs a pass each interval; a pass
+runs a duty when ``every_ms`` has passed since it last ran, or at once when its last run found
+work (a count above zero: there may be more), so an idle database costs a few reads a second
+rather than every duty's.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -64,8 +67,9 @@ def register_duty(factory: Callable[[Runtime], Duty]) -> Callable[[Runtime], Dut
 class StaleWorkers:
     """Removes rows of worker processes that have ended: lock released, or heartbeats stopped.
 
-    A worker whose presence lock is released is gone at once (killed, crashed); one without a
-    lock file (PostgreSQL, MariaDB) is gone once it has missed ten heartbeats (killed, host lost).
+    A worker whose presence lock is released is gone at once (killed, crashed, or cut off for
+    longer than a session may be silent); one that holds no lock is gone once it has missed ten
+    heartbeats (killed, host lost).
     """
 
     name = "stale-workers"
@@ -79,22 +83,22 @@ class StaleWorkers:
         horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
         workers = WorkerProcess.objects.using(alias)
         # Read first: on SQLite even a DELETE that matches nothing takes the write lock.
-        ended: list[str] = []
-        if presence.directory(alias) is None:
-            silent = list(workers.filter(last_seen_ms__lt=horizon).values_list("worker_id", flat=True)[:100])
-        else:
-            silent = []
-            seen = dict(workers.values_list("worker_id", "last_seen_ms"))
-            for worker_id, state in presence.states(alias, seen).items():
-                seen_ms = seen[worker_id]
-                if state is Liveness.RELEASED:
-                    ended.append(worker_id)
-                elif state is Liveness.UNKNOWN and seen_ms < horizon:
-                    silent.append(worker_id)
+        rows = {
+            worker_id: (seen_ms, holds_lock)
+            for worker_id, seen_ms, holds_lock in workers.values_list("worker_id", "last_seen_ms", "holds_lock")
+        }
+        gone: list[Q] = []
+        for worker_id, state in presence.states(alias, {worker_id: row[1] for worker_id, row in rows.items()}).items():
+            seen_ms = rows[worker_id][0]
+            if state is Liveness.RELEASED:
+                # Only if its row is still as read: a worker that took its lock again writes its row anew.
+                gone.append(Q(worker_id=worker_id, last_seen_ms=seen_ms))
+            elif state is Liveness.UNKNOWN and seen_ms < horizon:
+                # Only if it is still silent: its worker may have just beaten.
+                gone.append(Q(worker_id=worker_id, last_seen_ms__lt=horizon))
         deleted = 0
-        if ended or silent:
-            # A silent row is removed only if it is still silent: its worker may have just beaten.
-            deleted, _ = workers.filter(Q(worker_id__in=ended) | Q(worker_id__in=silent, last_seen_ms__lt=horizon)).delete()
+        if gone:
+            deleted, _ = workers.filter(functools.reduce(operator.or_, gone)).delete()
         presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
         return {"removed": deleted}
 
@@ -147,6 +151,7 @@ class MaintenanceRunner:
         self.duties = [factory(runtime) for factory in _duty_factories]
         # When each duty runs next (clock ms); a worker that becomes the holder runs them all.
         self._next_run_ms: dict[str, int] = {}
+        self._leading = False
         self.stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="durq-maintenance", daemon=True)
 
@@ -162,11 +167,14 @@ class MaintenanceRunner:
         """Run every duty if this worker holds the lease; None when another worker does."""
         runtime = self.runtime
         if runtime.presence is not None:
-            held = runtime.presence.lead()  # an OS lock: leading costs no write
+            held = runtime.presence.lead()  # a lock of the OS or of a session: leading costs no write
         else:
             held = runtime.store.retrying(
                 "duty lease", lambda d: acquire_duty_lease(runtime.settings.database, runtime.worker_id, now_ms, LEASE_TTL_MS)
             )
+        if held != self._leading:
+            self._leading = held
+            logger.info("durq: this worker %s the maintenance duties", "now runs" if held else "no longer runs")
         if not held:
             self._next_run_ms.clear()
             return None

@@ -6,7 +6,9 @@ for it.
 
 A job whose worker died on its last attempt cannot be claimed again, so it would stay
 ``running`` (holding its dedupe key) until someone buries it: every worker looks for such jobs
-in its own queues once per ``POLL_INTERVAL``, busy or not.
+in its own queues once per ``POLL_INTERVAL``, busy or not. An idle pool's own probe says when
+the first lease of its queue runs out (``FlowGate.lost_possible``): until then there is nothing
+to look for, and an idle worker reads nothing for it.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ class Monitor:
         stats = runtime.take_stats()
         if stats:
             runtime.store.retrying("stats", lambda d: d.add_stats(stats))
-        if runtime.presence is not None and runtime.jobs_done == self._recorded_done:
+        renewed = runtime.presence is not None and runtime.presence.renewed()
+        if runtime.presence is not None and not renewed and runtime.jobs_done == self._recorded_done:
             return  # the presence lock says this worker is alive: an idle worker writes nothing
         done = runtime.jobs_done
         updated = runtime.store.retrying(

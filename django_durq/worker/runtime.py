@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ..clock import Clock
 from ..conf import DurqSettings
 from ..executor import DEAD, FINISHED, RETRYING
-from ..presence import Presence
+from ..presence import WorkerPresence
 from ..store import Store
 from .attempt import AttemptBook
 from .events import Events
@@ -48,8 +48,8 @@ class Runtime:
         self.clock = clock
         self.store = Store(settings.database)
         self.worker_id = worker_id or new_worker_id()
-        # Set while the process runs where the OS can vouch that it is alive (SQLite): see presence.py.
-        self.presence: Presence | None = None
+        # Set while a lock vouches that the process is alive (a file's, a session's): see presence.py.
+        self.presence: WorkerPresence | None = None
         self.burst = burst
         self.max_jobs = max_jobs
         self.poll_s = settings.poll_interval_ms / 1000

@@ -22,12 +22,12 @@ from types import FrameType
 
 from django.db import connections
 
+from .. import presence
 from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
 from ..db import dialect_for
 from ..executor import RELEASED, error_list
 from ..models import WorkerProcess
-from ..presence import Presence
 from .keeper import LeaseKeeper
 from .main_bell import MainBell
 from .maintenance import MaintenanceRunner
@@ -117,7 +117,7 @@ class Supervisor:
         try:
             self._report_clock()
             # The lock is held before the row exists, so a row with a released lock is a dead worker's.
-            runtime.presence = Presence.announce(alias, runtime.worker_id)
+            runtime.presence = presence.announce(alias, runtime.worker_id, self.settings.listen_database)
             self._register()
         except Exception:
             if not runtime.stop_claiming.is_set():
@@ -238,6 +238,7 @@ class Supervisor:
                 "started_ms": self._started_ms or now,
                 "last_seen_ms": now,
                 "jobs_done": jobs_done,
+                "holds_lock": self.runtime.presence is not None,
             },
         )
         self._started_ms = self._started_ms or now
