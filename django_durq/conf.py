@@ -64,6 +64,8 @@ class DurqSettings:
     timeout_ms: int | None = None
     prefetch_ms_default: int = 20
     max_handbacks: int = 10
+    # PostgreSQL: a claim that is its own transaction waits for its WAL flush too (see db/postgresql.py).
+    durable_claims: bool = False
     schedules: dict[str, Any] = field(default_factory=dict)
     test_hooks_dir: str | None = None
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
@@ -95,6 +97,7 @@ KNOWN_KEYS = {
     "TIMEOUT",
     "PREFETCH",
     "MAX_HANDBACKS",
+    "DURABLE_CLAIMS",
     "SCHEDULES",
     "TEST_HOOKS_DIR",
     "MONITORING",
@@ -196,6 +199,14 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
     max_attempts = p.positive_int(raw, "MAX_ATTEMPTS", defaults.max_attempts, 'DURQ["MAX_ATTEMPTS"]')
     max_handbacks = p.positive_int(raw, "MAX_HANDBACKS", defaults.max_handbacks, 'DURQ["MAX_HANDBACKS"]')
     max_payload = p.positive_int(raw, "MAX_PAYLOAD_BYTES", defaults.max_payload_bytes, 'DURQ["MAX_PAYLOAD_BYTES"]')
+    durable_claims = raw.get("DURABLE_CLAIMS", defaults.durable_claims)
+    if not isinstance(durable_claims, bool):
+        p.problem(
+            "durq.E024",
+            f'DURQ["DURABLE_CLAIMS"] is {durable_claims!r}; expected True or False',
+            'Write DURQ["DURABLE_CLAIMS"] = True to make every claim wait for its flush on PostgreSQL.',
+        )
+        durable_claims = defaults.durable_claims
 
     backoff = _parse_backoff(p, raw.get("BACKOFF", {}))
     queues = parse_queues(p, raw.get("QUEUES"))
@@ -223,6 +234,7 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
         timeout_ms=timeout_ms,
         prefetch_ms_default=prefetch_ms,
         max_handbacks=max_handbacks,
+        durable_claims=durable_claims,
         schedules=schedules,
         test_hooks_dir=str(hooks) if hooks else None,
         monitoring=monitoring,

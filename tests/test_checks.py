@@ -48,6 +48,8 @@ def ids(raw: object) -> list[str]:
         ({"PREFETCH": 0, "QUEUES": {"video": {"prefetch": 0.5}}}, []),
         ({"LEASE": timedelta(minutes=5), "HEARTBEAT_INTERVAL": timedelta(seconds=30)}, []),
         ({"LISTEN_DATABASE": 3}, ["durq.E021"]),
+        ({"DURABLE_CLAIMS": "yes"}, ["durq.E024"]),
+        ({"DURABLE_CLAIMS": 1}, ["durq.E024"]),
         ({"LISTEN_DATABASE": "direct"}, []),
         ({"LISTEN_DATABASE": None}, []),
     ],

@@ -5,6 +5,7 @@ BENCH_DB       sqlite, postgres or mysql (the Django database; Celery's broker i
 BENCH_DB_NAME  the database name, or the SQLite file
 BENCH_TICKS    the file each job appends its (number, start time) record to
 BENCH_DURQ_PG_DEFAULTS  1: django-durq on PostgreSQL with Django's default connection options
+BENCH_DURQ_DURABLE_CLAIMS  1: DURQ["DURABLE_CLAIMS"] = True (every claim waits for its WAL flush)
 
 Each system is configured as its own documentation recommends for production, otherwise with
 its defaults: nothing here is tuned for a benchmark.
@@ -107,6 +108,8 @@ if SYSTEM == "durq":
         DURQ["QUEUES"]["default"]["max_running"] = int(os.environ["BENCH_DURQ_MAX_RUNNING"])
     if os.environ.get("BENCH_DURQ_RATE"):
         DURQ["QUEUES"]["default"]["rate"] = os.environ["BENCH_DURQ_RATE"]
+    if os.environ.get("BENCH_DURQ_DURABLE_CLAIMS") == "1":  # every claim waits for its WAL flush
+        DURQ["DURABLE_CLAIMS"] = True
     if os.environ.get("BENCH_DURQ_KEEP_FINISHED"):  # finished jobs kept for that many seconds
         DURQ["KEEP_FINISHED"] = float(os.environ["BENCH_DURQ_KEEP_FINISHED"])
 elif SYSTEM == "tasks-db":
