@@ -83,7 +83,7 @@ class Store:
         hooks.jitter("claim")
         return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock))
 
-    def due_times(self, queue: str) -> tuple[int | None, int | None]:
+    def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
         return self.retrying("probe", lambda d: d.due_times(queue))
 
     def renew(self, leases: Sequence[Lease], clock: Clock, give_up_after_s: float = 120.0) -> dict[Lease, bool]:

@@ -91,13 +91,14 @@ def test_a_paused_queue_gives_no_claim_and_no_due_time_and_other_queues_are_unto
     fast = make_job(queue="fast", run_at_ms=now - 1_000)
     ops.pause("default")
 
-    assert store().due_times("default") == (None, None), "an idle worker of a paused queue has nothing to wake for"
+    # An idle worker of a paused queue has nothing to wake for; the expired lease is not a last attempt.
+    assert store().due_times("default") == (None, None, None)
     assert store().claim("default", 10, now, "w1") == [], "neither a waiting job nor an expired lease is claimed"
     assert [job.id for job in store().claim("fast", 10, now, "w1")] == [fast.pk]
     assert not drain(), "drain() claims like a worker: nothing of a paused queue"
 
     ops.resume("default")
-    assert store().due_times("default") == (waiting.run_at_ms, lapsed.lease_expires_ms)
+    assert store().due_times("default") == (waiting.run_at_ms, lapsed.lease_expires_ms, None)
     claimed = store().claim("default", 10, now, "w2")
     assert sorted(job.id for job in claimed) == sorted([waiting.pk, lapsed.pk])
     assert next(job for job in claimed if job.id == lapsed.pk).reclaimed_from == "gone"
@@ -108,18 +109,20 @@ def test_the_mariadb_watcher_sees_no_due_job_in_a_paused_queue():
         pytest.skip("the MariaDB watcher's statement")
     from django.db import connection
 
-    from django_durq.db.mysql import due_queues_among
+    from django_durq.db.mysql import watcher_look
 
     now = now_ms()
     make_job(run_at_ms=now - 1_000)
-    make_job(queue="fast", run_at_ms=now - 1_000)
+    newest = make_job(queue="fast", run_at_ms=now - 1_000).pk
     ops.pause("default")
+    look = watcher_look(0, 2)
+    params = [newest, "default", now, "default", "fast", now, "fast"]  # no id above the newest
     with connection.cursor() as cursor:
-        cursor.execute(due_queues_among(2), ["default", now, "default", "fast", now, "fast"])
-        assert {row[0] for row in cursor.fetchall()} == {"fast"}
+        cursor.execute(look, params)
+        assert [tuple(row) for row in cursor.fetchall()] == [(None, "fast")]
         ops.resume("default")
-        cursor.execute(due_queues_among(2), ["default", now, "default", "fast", now, "fast"])
-        assert {row[0] for row in cursor.fetchall()} == {"default", "fast"}
+        cursor.execute(look, params)
+        assert sorted(tuple(row) for row in cursor.fetchall()) == [(None, "default"), (None, "fast")]
 
 
 # --- stats, health, metrics ---------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The PostgreSQL watcher hears every notification, even one that arrives while it checks its connection.
 
-An idle watcher runs ``SELECT 1`` every second to notice a dead connection. A NOTIFY that
+An idle watcher runs ``SELECT 1`` every ``LISTEN_CHECK_S`` to notice a dead connection. A NOTIFY that
 reaches the socket while that statement runs is read by the driver as part of the statement's
 reply, not by the watcher's wait for notifications: it must still wake the pools.
 """
@@ -66,6 +66,7 @@ def test_a_notification_that_arrives_during_the_idle_check_wakes_the_pools(monke
         return listening[-1]
 
     monkeypatch.setattr(watcher_module, "own_connection", connect)
+    monkeypatch.setattr(watcher_module, "LISTEN_CHECK_S", 1.0)
     named = threading.Event()
 
     def wake(was_named: bool) -> None:

@@ -236,18 +236,21 @@ class Dialect:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
-    def due_times(self, queue: str) -> tuple[int | None, int | None]:
-        """When ``queue``'s first waiting job is due and its first lease expires; a read that takes no write lock.
+    def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
+        """When ``queue``'s first waiting job is due, its first lease expires, and the first lease
+        of a last attempt expires; a read that takes no write lock.
 
-        Both are None while the queue is paused: its idle workers then sleep until a wake-up (the
-        resume sends one) or their poll interval, instead of claiming nothing again and again.
+        The first two are None while the queue is paused: its idle workers then sleep until a
+        wake-up (the resume sends one) or their poll interval, instead of claiming nothing again
+        and again. The third is not: a last attempt whose worker died is buried, paused or not.
         """
         rows = self.fetchall(
             f"SELECT (SELECT MIN(run_at_ms) FROM {JOB} WHERE queue = %s AND status = 'waiting' AND {NOT_PAUSED}),"
-            f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running' AND {NOT_PAUSED})",
-            (queue, queue, queue, queue),
+            f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running' AND {NOT_PAUSED}),"
+            f" (SELECT MIN(lease_expires_ms) FROM {JOB} WHERE queue = %s AND status = 'running' AND attempts >= max_attempts)",
+            (queue, queue, queue, queue, queue),
         )
-        return rows[0][0], rows[0][1]
+        return rows[0][0], rows[0][1], rows[0][2]
 
     def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[Lease, bool]:
         """Extend leases to at least ``now_ms`` + their length; {lease: stop requested} for those still held.

@@ -31,6 +31,11 @@ class FlowGate:
         self.limits = runtime.settings.queue(queue).limits
         self.gated = self.limits.any
         self._checked = 0.0  # monotonic time of the last look for limited jobs
+        # What the last idle probe read: when the queue's first lease of a last attempt runs out
+        # (None: no such job running), and when (monotonic) it was read; None before any probe
+        # and while gated.
+        self._last_lease_due: int | None = None
+        self._probed: float | None = None
 
     @property
     def claim_limits(self) -> QueueLimits | None:
@@ -46,8 +51,21 @@ class FlowGate:
         store = self.runtime.store
         if self.gated:
             return store.retrying("probe", lambda d: next_start(d, self.queue, now, self.limits))
-        waiting_due, lease_due = store.due_times(self.queue)
+        waiting_due, lease_due, last_lease_due = store.due_times(self.queue)
+        self._last_lease_due, self._probed = last_lease_due, time.monotonic()
         return min((t for t in (waiting_due, lease_due) if t is not None), default=None)
+
+    def lost_possible(self, now: int, fresh_s: float) -> bool:
+        """Whether a last attempt's lease may have run out by ``now``: False only when a probe made
+        within ``fresh_s`` saw none that runs out before it (none running, or all leased longer).
+
+        A lease is set by a claim to the claim's time plus the job's lease and only ever moves
+        later, so a job claimed after the probe runs out after the next probe at the soonest
+        unless its lease is shorter than ``fresh_s``; then it is found one probe later.
+        """
+        if self._probed is None or time.monotonic() - self._probed > fresh_s:
+            return True  # busy (claiming without probes) or gated: look
+        return self._last_lease_due is not None and self._last_lease_due <= now
 
     def learn(self, *, found_none: bool) -> bool:
         """Switch to the limited claim when the queue holds limited jobs; True when it just did.

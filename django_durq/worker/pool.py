@@ -428,6 +428,8 @@ class Pool:
     def bury_expired(self, now: int) -> int:
         """Jobs whose worker died on their last attempt become dead letters (no claim can take them)."""
         runtime = self.runtime
+        if not self.gate.lost_possible(now, fresh_s=2 * runtime.poll_s):
+            return 0
         expired = runtime.store.retrying("scan expired", lambda d: d.expired_final_attempts(self.queue, now))
         buried = 0
         for job_id, token, name, attempts, errors, holder in expired:

@@ -39,12 +39,15 @@ from .. import wakeup
 from ..clock import now_ms
 from ..db import dialect_for
 from ..db.base import own_connection
-from ..db.mysql import JOB_IDS_ABOVE, NEWEST_JOB, due_queues_among, job_ids_among
+from ..db.mysql import NEWEST_JOB, watcher_look
 from ..db.postgresql import NOTIFY_CHANNEL
 from ..doorbell import Bell
 
 logger = logging.getLogger("django_durq")
 
+# A LISTEN connection that is closed wakes the watcher at once (its socket turns readable); one cut
+# off without a word is noticed by a statement this often. Meanwhile the poll interval covers.
+LISTEN_CHECK_S = 10.0
 SQLITE_CHECK_S = 0.01  # without a bell: 100 cheap reads a second, ~5 ms of added latency on average
 # A read on the database server from every worker process: 40 a second each while jobs come (a
 # job from another host is seen ~12 ms late on average); the interval doubles after each second
@@ -157,26 +160,22 @@ class Watcher:
             wakeup.notify_all()  # anything enqueued before we looked
             pace = Pace()
             while not self._wait(pace.interval()):
-                cursor.execute(JOB_IDS_ABOVE, [gaps.last])
-                ids = [row[0] for row in cursor.fetchall()]
                 open_gaps = gaps.open()
-                if open_gaps:
-                    cursor.execute(job_ids_among(len(open_gaps)), open_gaps)
-                    ids += [row[0] for row in cursor.fetchall()]
-                if gaps.saw(sorted(ids), time.monotonic()):
+                queues = wakeup.subscribed()
+                now = now_ms()
+                params = [gaps.last, *open_gaps, *(value for queue in queues for value in (queue, now, queue))]
+                cursor.execute(watcher_look(len(open_gaps), len(queues)), params)
+                rows = cursor.fetchall()
+                if gaps.saw(sorted(row[0] for row in rows if row[0] is not None), time.monotonic()):
                     pace.busy()
                     wakeup.notify_all()
                 # A queue that had nothing due and now has: a hand-back, a retry, an operator's
                 # retry or a resume made an existing job due (a queue that stays busy needs no wake-up).
-                queues = wakeup.subscribed()
-                if queues:
-                    now = now_ms()
-                    cursor.execute(due_queues_among(len(queues)), [value for queue in queues for value in (queue, now, queue)])
-                    now_due = {row[0] for row in cursor.fetchall()}
-                    if now_due - due:
-                        pace.busy()
-                        wakeup.notify(now_due - due)
-                    due = now_due
+                now_due = {row[1] for row in rows if row[1] is not None}
+                if now_due - due:
+                    pace.busy()
+                    wakeup.notify(now_due - due)
+                due = now_due
         finally:
             raw.close()
 
@@ -200,12 +199,14 @@ class Watcher:
         # only to notify handlers, never to a later notifies(): the handler keeps it.
         heard: set[str] = set()
         raw.add_notify_handler(lambda notice: heard.add(notice.payload))
+        checked = time.monotonic()
         while not self.stopped.is_set():
             ready, _, _ = select.select([raw.fileno()], [], [], 1.0)
             if ready:
                 heard.update(notice.payload for notice in raw.notifies(timeout=0, stop_after=1000))
-            else:
-                raw.execute("SELECT 1")  # notices a dead connection
+            elif time.monotonic() - checked >= LISTEN_CHECK_S:
+                checked = time.monotonic()
+                raw.execute("SELECT 1")  # notices a connection that died without a word
             if heard:
                 queues = set(heard)
                 heard.clear()
