@@ -191,10 +191,10 @@ def latency_table(lines: list[Line]) -> str:
                 cell(group, "p99_ms", 1),
                 cell(group, "max_ms", 1),
                 cell(group, "idle_cpu_percent", 2),
-                cell(group, "idle_sqlite_commits_per_min", 0) if first["database"] == "sqlite" else "",
+                cell(group, "idle_writes_per_min", 0),
             ]
         )
-    return table(["system", "database", "p50 ms", "p99 ms", "max ms", "idle CPU %", "idle commits/min"], rows)
+    return table(["system", "database", "p50 ms", "p99 ms", "max ms", "idle CPU %", "idle writes/min"], rows)
 
 
 def memory_table(lines: list[Line]) -> str:

@@ -60,6 +60,8 @@ def test_killed_workers_never_lose_or_repeat_a_callback_nor_start_a_step_early(s
         flow.enqueue()
     ids = [flow.row.pk for flow in flows]
     workers = [spawn_worker("--queue", "default:3", env=WORKER_ENV) for _ in range(WORKERS)]
+    # The kills start once steps run: on a loaded machine the first workers may still be starting.
+    wait_until(lambda: Job.objects.filter(workflow_id__in=ids, status="running").exists(), 60, "a step to run")
     rng = random.Random(os.getpid())
     for _ in range(KILLS):
         time.sleep(rng.uniform(0.3, 0.8))

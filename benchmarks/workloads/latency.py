@@ -2,8 +2,9 @@
 
 Latency is the job's start (read in the worker) minus the moment the producer's enqueue call
 returned, that is after its commit. Before the first repeat, the idle worker's CPU is measured
-over ``--idle-seconds``, and on SQLite how many write transactions it commits meanwhile
-(``PRAGMA data_version`` read from outside, every 20 ms: a lower bound).
+over ``--idle-seconds``, and how much it writes meanwhile: on SQLite the write transactions
+committed (``PRAGMA data_version`` read from outside, every 20 ms: a lower bound), on PostgreSQL
+the transaction ids handed out, on MariaDB the writing statements run.
 
 django-durq on MariaDB is measured a second time as ``latency-other-host``: the producer gets a
 temporary directory of its own, so it cannot ring the worker's bell, as on another host, and
@@ -62,6 +63,18 @@ class SQLiteWrites:
         self._thread.join()
 
 
+def server_writes(db: databases.Database) -> int | None:
+    """A counter of the server's writes: PostgreSQL's transaction ids handed out (only a transaction
+    that writes takes one), MariaDB's INSERT, UPDATE, DELETE and REPLACE statements run, whether
+    or not they changed a row. Server-wide: the harness runs one measurement at a time."""
+    if db.kind == "postgres":
+        return int(db.query("SELECT pg_snapshot_xmax(pg_current_snapshot())")[0][0])
+    if db.kind == "mysql":
+        rows = db.query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_insert', 'Com_update', 'Com_delete', 'Com_replace')")
+        return sum(int(row[1]) for row in rows)
+    return None
+
+
 def idle(session: Session, group: procs.Group, db: databases.Database) -> dict[str, Any]:
     seconds = session.options.idle_seconds
     cpu_before = group.cpu_seconds()
@@ -70,12 +83,14 @@ def idle(session: Session, group: procs.Group, db: databases.Database) -> dict[s
             time.sleep(seconds)
         commits: int | None = writes.changes
     else:
+        before = server_writes(db)
         time.sleep(seconds)
-        commits = None
+        after = server_writes(db)
+        commits = None if before is None or after is None else after - before
     cpu = group.cpu_seconds() - cpu_before
     result: dict[str, Any] = {"idle_seconds": seconds, "idle_cpu_percent": cpu / seconds * 100}
     if commits is not None:
-        result["idle_sqlite_commits_per_min"] = commits * 60 / seconds
+        result["idle_writes_per_min"] = commits * 60 / seconds
     return result
 
 
@@ -85,8 +100,8 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
         metrics = measure(session, adapter, database, repeat, with_idle=repeat == 0 and session.options.idle_seconds > 0)
         session.record(NAME, adapter, database, {"jobs": JOBS, "gap_ms": GAP_MS}, repeat, metrics, load)
         idle_text = f", idle CPU {metrics['idle_cpu_percent']:.2f}%" if "idle_cpu_percent" in metrics else ""
-        if "idle_sqlite_commits_per_min" in metrics:
-            idle_text += f", idle commits {metrics['idle_sqlite_commits_per_min']:.0f}/min"
+        if "idle_writes_per_min" in metrics:
+            idle_text += f", idle writes {metrics['idle_writes_per_min']:.0f}/min"
         session.say(
             f"  latency #{repeat + 1}: p50 {_ms(metrics.get('p50_ms'))} p99 {_ms(metrics.get('p99_ms'))} "
             f"max {_ms(metrics.get('max_ms'))}{idle_text}{' ERROR' if 'error' in metrics else ''}"
