@@ -197,6 +197,23 @@ def latency_table(lines: list[Line]) -> str:
     return table(["system", "database", "p50 ms", "p99 ms", "max ms", "idle CPU %", "idle writes/min"], rows)
 
 
+def hosts_table(lines: list[Line]) -> str:
+    rows = []
+    for variant in ("busy", "quiet"):
+        for first, group in groups(lines, "hosts", variant=variant):
+            params = first["params"]
+            rows.append(
+                [
+                    variant,
+                    f"{params['jobs']} jobs, {params['gap_ms']:,} ms apart",
+                    cell(group, "p50_ms", 1),
+                    cell(group, "p99_ms", 1),
+                    cell(group, "max_ms", 1),
+                ]
+            )
+    return table(["variant", "jobs", "p50 ms", "p99 ms", "max ms"], rows)
+
+
 def memory_table(lines: list[Line]) -> str:
     rows = []
     for first, group in groups(lines, "memory"):

@@ -104,6 +104,18 @@ def targets_table(lines: list[Line]) -> str:
                 _met(ok),
             ]
         )
+    quiet = [line for first, rows in groups(lines, "hosts", variant="quiet") for line in rows]
+    if quiet:
+        # A bound, so the slowest job of every repeat counts, not the median repeat.
+        slowest = max(render.values(quiet, "max_ms"), default=None)
+        rows.append(
+            [
+                "latency, MariaDB, from another host after a quiet spell",
+                "≤ 1,050 ms (the watcher's idle read every second, then one read and the claim)",
+                f"max {_fmt(slowest, 1)} ms, p50 {_fmt(median(quiet, 'p50_ms'), 1)} ms",
+                _met(slowest <= 1050 if slowest is not None else None),
+            ]
+        )
     for database in ("sqlite", "postgres", "mysql"):
         writes = _durq(lines, "latency", database, "idle_writes_per_min")
         if writes is not None:
@@ -404,6 +416,15 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
             out += [render.enqueue_table(lines), ""]
         elif workload == "latency":
             out += [render.latency_table(lines), ""]
+            if "hosts" in present:
+                out += [
+                    "django-durq on MariaDB with the producer as on another host (it cannot ring the worker's bell;"
+                    " the watcher's reads of the newest job ids find the jobs): `busy` as above, `quiet` 10 jobs"
+                    " 8 s apart, each after the watcher has slowed to its idle read. `benchmarks/workloads/hosts.py`.",
+                    "",
+                    render.hosts_table(lines),
+                    "",
+                ]
         else:
             out += [render.memory_table(lines), ""]
     if "coexist" in present:

@@ -54,7 +54,7 @@ class DurqSettings:
     queues: dict[str, QueueSettings] = field(default_factory=lambda: {DEFAULT_QUEUE: QueueSettings()})
     lease_ms: int = 60_000
     heartbeat_interval_ms: int = 10_000
-    poll_interval_ms: int = 1_000
+    poll_interval_ms: int | None = None  # None: chosen by the worker (see worker/runtime.py)
     max_attempts: int = 5
     backoff: Backoff = field(default_factory=Backoff)
     max_payload_bytes: int = 1_048_576
@@ -189,7 +189,7 @@ def parse(raw: Any, *, results_read: bool = False) -> DurqSettings:
             f"({heartbeat_ms / 1000:g} s), or one late heartbeat loses the lease",
             "Raise LEASE or lower HEARTBEAT_INTERVAL; three heartbeats per lease is a good ratio.",
         )
-    poll_ms = p.duration_ms("POLL_INTERVAL", defaults.poll_interval_ms, minimum_ms=10)
+    poll_ms = p.duration_ms("POLL_INTERVAL", defaults.poll_interval_ms, allow_none=True, minimum_ms=10)
     grace_ms = p.duration_ms("SHUTDOWN_GRACE", defaults.shutdown_grace_ms, minimum_ms=0)
     timeout_ms = p.duration_ms("TIMEOUT", None, allow_none=True)
     keep_finished_default = TASK_RESULTS_KEEP_MS if results_read else DEFAULT_KEEP_FINISHED_MS

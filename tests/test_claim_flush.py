@@ -24,11 +24,20 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(params=["planned anew", "prepared"])
+def claim_path(request):
+    """Both ways a claim is sent: its text, planned each time, or the dispatcher's prepared statement."""
+    if request.param == "prepared":
+        dialect_for(connection).prepare_dispatcher_connection()
+    yield request.param
+    connection.close()  # the next test's session has nothing prepared
+
+
 def claim_alone_and_read_the_setting() -> tuple[int, str]:
     """Claim as a lone claim inside a transaction the server holds open; (jobs claimed, its synchronous_commit)."""
 
     def begin_first(execute, sql, params, many, context):
-        if sql.lstrip().startswith("WITH expired"):
+        if sql.lstrip().startswith(("WITH expired", "EXECUTE durq_claim")):
             context["cursor"].execute("BEGIN")
         return execute(sql, params, many, context)
 
@@ -41,7 +50,7 @@ def claim_alone_and_read_the_setting() -> tuple[int, str]:
     return len(claimed), setting
 
 
-def test_a_lone_claim_commits_without_waiting_for_the_flush():
+def test_a_lone_claim_commits_without_waiting_for_the_flush(claim_path):
     job = jobs.effect.enqueue(tag="one")
     assert claim_alone_and_read_the_setting() == (1, "off")
     assert Job.objects.get(pk=job.pk).status == "running"  # committed all the same
@@ -50,13 +59,13 @@ def test_a_lone_claim_commits_without_waiting_for_the_flush():
         assert cursor.fetchone()[0] == "on"  # for that transaction only
 
 
-def test_durable_claims_wait_for_the_flush():
+def test_durable_claims_wait_for_the_flush(claim_path):
     jobs.effect.enqueue(tag="one")
     with override_settings(DURQ={**settings.DURQ, "DURABLE_CLAIMS": True}):
         assert claim_alone_and_read_the_setting() == (1, "on")
 
 
-def test_a_claim_inside_a_transaction_leaves_the_flush_to_it():
+def test_a_claim_inside_a_transaction_leaves_the_flush_to_it(claim_path):
     # Completions and a claim commit together (complete_and_claim): the completions must be flushed.
     jobs.effect.enqueue(tag="one")
     with transaction.atomic():

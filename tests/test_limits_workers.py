@@ -128,7 +128,8 @@ def test_a_killed_holder_frees_its_key_when_its_lease_expires_and_a_blocked_work
     assert rerun.attempt == 2 and rerun.pid == waiter.pid
     assert after.started >= rerun.ended  # the re-run held the key first
     assert after.started >= killed_at  # nothing of the key ran while the dead holder's lease held
-    assert Job.objects.filter(pk=blocked.pk).count() == 0 or Job.objects.get(pk=blocked.pk).attempts == 1
+    # One read: the row may be deleted on success between two.
+    assert list(Job.objects.filter(pk=blocked.pk).values_list("attempts", flat=True)) in ([], [1])
 
 
 def test_limits_hold_when_claimers_stall_at_random(spawn_worker, tmp_path):

@@ -1,17 +1,20 @@
-"""The maintenance pass runs each duty at its own pace: cron every second, pruning at a tenth of
-the time rows are kept (at most a minute), a duty that found work again at the next pass, and a
+"""The maintenance pass runs each duty at its own pace: cron every second once a schedule is
+declared, the settle sweep every second while a workflow is in flight, pruning at a tenth of the
+time rows are kept (at most a minute), a duty that found work again at the next pass, and a
 worker that becomes the holder runs every duty at once. Driven by a manual clock, no worker."""
 
 from __future__ import annotations
 
 import pytest
 
+from django_durq import Workflow
 from django_durq.clock import ManualClock
 from django_durq.conf import get_settings
-from django_durq.models import DutyLease, Job, Status
+from django_durq.models import Dependency, DutyLease, Job, Status
 from django_durq.worker.duties import prune_every_ms
 from django_durq.worker.maintenance import LEASE_NAME, MaintenanceRunner
 from django_durq.worker.runtime import Runtime
+from tests.ledger import jobs
 from tests.test_retention import make
 
 START = 1_800_000_000_000
@@ -39,16 +42,78 @@ def ran(runner: MaintenanceRunner, clock: ManualClock) -> set[str]:
 
 
 @pytest.mark.django_db
-def test_an_idle_pass_runs_cron_and_settle_each_second_and_the_rest_at_their_pace(runner):
+def test_an_idle_pass_with_nothing_declared_or_in_flight_runs_a_duty_only_every_five_seconds(runner):
     runner, clock = runner
     assert ran(runner, clock) == EVERY_DUTY  # the first pass of a holder runs everything
     for _ in range(4):
         clock.advance(1_000)
-        assert ran(runner, clock) == {"cron", "settle"}
+        assert ran(runner, clock) == set()  # no schedule to fire, no workflow whose count could be missed
     clock.advance(1_000)  # 5 s after the first pass
-    assert ran(runner, clock) == {"cron", "settle", "stale-workers"}
+    assert ran(runner, clock) == {"settle", "stale-workers"}
     clock.set(START + 60_000)  # a tenth of an hour is past the one-minute bound: a minute
     assert ran(runner, clock) == EVERY_DUTY
+
+
+@pytest.mark.django_db
+def test_cron_runs_each_second_once_a_schedule_is_declared(runner, settings):
+    runner, clock = runner
+    ran(runner, clock)
+    settings.DURQ = {**settings.DURQ, "SCHEDULES": {"tests.cron.pace": {"cron": "0 3 * * *", "job": "tests.noop"}}}
+    clock.set(START + 60_000)  # the cron duty looks for declared schedules each minute while there are none
+    assert "cron" in ran(runner, clock)
+    for _ in range(3):
+        clock.advance(1_000)
+        assert ran(runner, clock) == {"cron"}
+
+
+@pytest.mark.django_db
+def test_the_settle_sweep_runs_each_second_while_a_workflow_is_in_flight(runner):
+    runner, clock = runner
+    flow = Workflow("pace")
+    first = flow.add(jobs.step, tag="a")
+    flow.add(jobs.step, tag="b", after=[first])
+    flow.enqueue()
+    assert ran(runner, clock) == EVERY_DUTY
+    for _ in range(3):
+        clock.advance(1_000)
+        assert ran(runner, clock) == {"settle"}  # a count missed now would wait a second at most
+    Dependency.objects.update(settled=True)  # the workflow's ends are all counted
+    clock.advance(1_000)
+    assert ran(runner, clock) == {"settle"}
+    clock.advance(1_000)
+    assert ran(runner, clock) == {"stale-workers"}  # at its own pace; the sweep now waits five seconds
+    for _ in range(3):
+        clock.advance(1_000)
+        assert ran(runner, clock) == set()
+    clock.advance(1_000)
+    assert ran(runner, clock) == {"settle"}  # five seconds after it found none in flight
+
+
+class Leading:
+    """A presence that says this worker leads (what a held lock says), for the pass timing alone."""
+
+    def lead(self) -> bool:
+        return True
+
+    def renewed(self) -> bool:
+        return False
+
+    def withdraw(self) -> None:
+        pass
+
+
+@pytest.mark.django_db
+def test_a_leader_by_lock_sleeps_until_the_next_pass_that_runs_a_duty(runner):
+    runner, clock = runner
+    clock.set(START + 20)  # passes fall 20 ms after each whole second
+    assert runner._until_next_pass_s() == 1.0  # not leading yet: the next pass on the grid
+    runner.runtime.presence = Leading()
+    assert runner.run_once(clock.now_ms()) is not None
+    assert runner._until_next_pass_s() == 5.0  # settle and stale-workers, 5 s on
+    clock.advance(2_300)
+    assert runner._until_next_pass_s() == 2.7
+    runner.runtime.presence = None  # a holder of the lease row renews it each pass
+    assert runner._until_next_pass_s() == 0.7
 
 
 @pytest.mark.django_db

@@ -19,8 +19,12 @@ from . import databases, envs, procs
 from .pg_server import PostgresServer
 from .redis import RedisServer
 
-# How this run was started, recorded with every line so that the published page can say it.
-COMMAND = shlex.join(["python3", "-m", "benchmarks.run", *sys.argv[1:]])
+# How this run was started, recorded with every line so that the published page can say it; the
+# BENCH_* variables change what is measured (benchsite/settings.py), so they are part of it.
+COMMAND = " ".join(
+    [f"{name}={shlex.quote(value)}" for name, value in sorted(os.environ.items()) if name.startswith("BENCH_")]
+    + [shlex.join(["python3", "-m", "benchmarks.run", *sys.argv[1:]])]
+)
 
 RESULTS = envs.BENCH_DIR / "results"
 

@@ -9,17 +9,33 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bloat, ceiling, coexist, drain, enqueue, latency, limits, memory, pausing, profile, scale, scaling, workflows
+from . import bloat, ceiling, coexist, drain, enqueue, hosts, latency, limits, memory, pausing, profile, scale, scaling, workflows
 
 ALL: dict[str, ModuleType] = {
     module.NAME: module
-    for module in (enqueue, drain, latency, memory, coexist, ceiling, scale, scaling, bloat, limits, pausing, workflows, profile)
+    for module in (
+        enqueue,
+        drain,
+        latency,
+        hosts,
+        memory,
+        coexist,
+        ceiling,
+        scale,
+        scaling,
+        bloat,
+        limits,
+        pausing,
+        workflows,
+        profile,
+    )
 }
 # A plain full run leaves out the profiler, which slows the worker it watches.
 DEFAULT = [
     "enqueue",
     "drain",
     "latency",
+    "hosts",
     "memory",
     "coexist",
     "ceiling",

@@ -6,9 +6,7 @@ over ``--idle-seconds``, and how much it writes meanwhile: on SQLite the write t
 committed (``PRAGMA data_version`` read from outside, every 20 ms: a lower bound), on PostgreSQL
 the transaction ids handed out, on MariaDB the writing statements run.
 
-django-durq on MariaDB is measured a second time as ``latency-other-host``: the producer gets a
-temporary directory of its own, so it cannot ring the worker's bell, as on another host, and
-only the worker's reads of the newest job ids find the jobs.
+The ``hosts`` workload measures django-durq on MariaDB with the producer as on another host.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from ..core import databases, procs, stats, ticks
 from ..core.session import Session
 
 NAME = "latency"
-OTHER_HOST = "latency-other-host"
 JOBS = 200
 GAP_MS = 20
 CONCURRENCY = 4
@@ -108,22 +105,20 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
         )
         if "error" in metrics:
             session.say(metrics["error"][-1500:])
-    if adapter.name == "durq" and database == "mysql":
-        for repeat in range(session.options.repeats):
-            elsewhere = Path(session.work) / session.next_tag("other-host-tmp")
-            elsewhere.mkdir()
-            load = procs.loadavg()
-            metrics = measure(session, adapter, database, repeat, with_idle=False, producer_env={"TMPDIR": str(elsewhere)})
-            session.record(OTHER_HOST, adapter, database, {"jobs": JOBS, "gap_ms": GAP_MS}, repeat, metrics, load)
-            session.say(
-                f"  latency, producer on another host #{repeat + 1}: p50 {_ms(metrics.get('p50_ms'))} "
-                f"p99 {_ms(metrics.get('p99_ms'))} max {_ms(metrics.get('max_ms'))}{' ERROR' if 'error' in metrics else ''}"
-            )
 
 
 def measure(
-    session: Session, adapter: Adapter, database: str, repeat: int, with_idle: bool, producer_env: dict[str, str] | None = None
+    session: Session,
+    adapter: Adapter,
+    database: str,
+    repeat: int,
+    with_idle: bool,
+    producer_env: dict[str, str] | None = None,
+    jobs: int = JOBS,
+    gap_ms: int = GAP_MS,
+    settle_s: float = 2.0,
 ) -> dict[str, Any]:
+    """Start a worker, let it idle ``settle_s``, then time ``jobs`` enqueues ``gap_ms`` apart from commit to start."""
     with session.fresh_database(adapter, database, f"latency-r{repeat}") as db:
         tick_file = session.ticks_file(f"{adapter.name}-latency")
         group = session.start_workers(adapter, db, CONCURRENCY, tick_file)
@@ -134,13 +129,13 @@ def measure(
             session.agent(adapter, db, "enqueue", "--n", "1", "--start", "-1", extra_env=producer_env)
             if not ticks.wait_for(tick_file, 1, timeout_s=120, alive=group.alive):
                 return {"error": "the worker never ran the warm-up job:\n" + group.log_tail()}
-            time.sleep(2)
+            time.sleep(settle_s)
             if with_idle:
                 metrics.update(idle(session, group, db))
             commits_file = Path(session.work) / f"{session.next_tag('commits')}.json"
-            enqueues = ["latency", "--n", str(JOBS), "--gap-ms", str(GAP_MS), "--out", str(commits_file)]
+            enqueues = ["latency", "--n", str(jobs), "--gap-ms", str(gap_ms), "--out", str(commits_file)]
             session.agent(adapter, db, *enqueues, extra_env=producer_env)
-            done = ticks.wait_for(tick_file, JOBS + 1, timeout_s=60, alive=group.alive)
+            done = ticks.wait_for(tick_file, jobs + 1, timeout_s=60, alive=group.alive)
         finally:
             group.stop()
         commits = dict(json.loads(commits_file.read_text()))
@@ -150,7 +145,7 @@ def measure(
         metrics["measured"] = len(delays)
         metrics["rss_mb"] = group.peak_rss_mb()
         if not done:
-            metrics["error"] = f"{len(delays)} of {JOBS} jobs started within 60 s"
+            metrics["error"] = f"{len(delays)} of {jobs} jobs started within 60 s"
         return metrics
 
 

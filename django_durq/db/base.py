@@ -162,6 +162,9 @@ class Dialect:
     def prepare_dispatcher_connection(self) -> None:
         """Tune the connection a pool's dispatcher claims and completes on; nothing by default."""
 
+    def checkpoint(self) -> None:
+        """Move what the worker wrote from a write-ahead log into the database; nothing by default."""
+
     def is_lock_error(self, error: BaseException) -> bool:
         """A transient contention error worth retrying after a short wait."""
         return False

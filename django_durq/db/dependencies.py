@@ -71,14 +71,15 @@ def settle(dialect: Dialect, now_ms: int, upstream: Sequence[int] | None = None)
     return result
 
 
-def uncounted_ends(dialect: Dialect) -> bool:
-    """Whether some job's end is still to be counted: a read, so that an idle sweep takes no write lock."""
-    return bool(
-        dialect.fetchall(
-            f"SELECT 1 FROM {EDGES} d LEFT JOIN {JOB} u ON u.id = d.depends_on_id"
-            " WHERE NOT d.settled AND (u.id IS NULL OR u.status IN ('finished', 'dead', 'cancelled')) LIMIT 1"
-        )
-    )
+def uncounted_ends(dialect: Dialect) -> tuple[bool, bool]:
+    """Whether some edge is not counted yet (a workflow is in flight), and whether some job's end is
+    still to be counted: one read, so that an idle sweep takes no write lock."""
+    row = dialect.fetchall(
+        f"SELECT EXISTS (SELECT 1 FROM {EDGES} WHERE NOT settled),"
+        f" EXISTS (SELECT 1 FROM {EDGES} d LEFT JOIN {JOB} u ON u.id = d.depends_on_id"
+        " WHERE NOT d.settled AND (u.id IS NULL OR u.status IN ('finished', 'dead', 'cancelled')))"
+    )[0]
+    return bool(row[0]), bool(row[1])
 
 
 def _take_ended_edges(dialect: Dialect, upstream: Sequence[int] | None) -> list[tuple[int, int, int, str]]:

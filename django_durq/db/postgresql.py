@@ -6,9 +6,11 @@ another claimer has locked instead of queueing behind it.
 
 from __future__ import annotations
 
+import re
 import select
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +73,14 @@ _CLAIM_IDS = f"""
 {_RETURNING}
 """
 
+# The claims a dispatcher on a session of its own prepares, by name (see ``prepare_dispatcher_connection``).
+_PREPARED_CLAIMS = {"durq_claim": _CLAIM, "durq_claim_unflushed": _CLAIM_UNFLUSHED}
+# The types of ``claim``'s parameters, declared: inferred from ``%s + job.lease_ms`` a time would be an integer.
+_CLAIM_TYPES = "varchar, bigint, varchar, bigint, varchar, bigint, varchar, bigint, bigint, varchar, bigint, bigint"
+_CLAIM_PARAMS = _CLAIM_TYPES.count(",") + 1
+# The driver connections whose session has them prepared.
+_PREPARED_ON: weakref.WeakSet[Any] = weakref.WeakSet()
+
 # SQLSTATEs of contention worth a retry: deadlock, serialization failure, lock not available.
 _LOCK_STATES = {"40P01", "40001", "55P03"}
 
@@ -109,9 +119,40 @@ class PostgreSQLDialect(Dialect):
         """
         params = (queue, now_ms, queue, limit, queue, now_ms, queue, limit, limit, worker_id, now_ms, now_ms)
         unflushed = not self.connection.in_atomic_block and not get_settings().durable_claims
-        jobs = [ClaimedJob.from_row(row) for row in self.fetchall(_CLAIM_UNFLUSHED if unflushed else _CLAIM, params)]
+        raw = self.connection.connection
+        if raw is not None and raw in _PREPARED_ON:
+            name = "durq_claim_unflushed" if unflushed else "durq_claim"
+            rows = self.fetchall(f"EXECUTE {name}({', '.join(['%s'] * _CLAIM_PARAMS)})", params)
+        else:
+            rows = self.fetchall(_CLAIM_UNFLUSHED if unflushed else _CLAIM, params)
+        jobs = [ClaimedJob.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def prepare_dispatcher_connection(self) -> None:
+        """Keep the claim's plan on the server, where the dispatcher's session is its own.
+
+        Planning the claim costs more than running it (about 0.6 ms of the 1.7 ms a claim took on
+        the benchmark machine after 20 ms idle), and Django's default client-side binding has the
+        server plan every statement anew. So the session prepares the claim once, with a generic
+        plan (left to choose, the server would go on planning it for each call's values), and the
+        dispatcher sends ``EXECUTE``, which works with any driver and binding. A statement
+        prepared on one server connection is missing on the next behind a transaction pooler, so
+        this is done only where the queue's database is also where workers LISTEN
+        (``DURQ["LISTEN_DATABASE"]``), which must reach the server directly.
+        """
+        if get_settings().listen_database != self.connection.alias:
+            return
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        if raw in _PREPARED_ON:
+            return
+        self.execute("SET plan_cache_mode = force_generic_plan")
+        present = {row[0] for row in self.fetchall("SELECT name FROM pg_prepared_statements WHERE name LIKE 'durq%%'")}
+        for name, sql in _PREPARED_CLAIMS.items():
+            if name not in present:  # else prepared by an earlier call on this session
+                self.execute(f"PREPARE {name}({_CLAIM_TYPES}) AS {_numbered(sql)}")
+        _PREPARED_ON.add(raw)
 
     def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, list(ids), now_ms, now_ms))
@@ -154,6 +195,12 @@ class PostgreSQLDialect(Dialect):
         cause = error.__cause__ if error.__cause__ is not None else error
         state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         return state in _LOCK_STATES
+
+
+def _numbered(sql: str) -> str:
+    """``sql`` with its ``%s`` placeholders written ``$1``, ``$2``, … as ``PREPARE`` takes them."""
+    numbers = iter(range(1, sql.count("%s") + 1))
+    return re.sub("%s", lambda _: f"${next(numbers)}", sql)
 
 
 def hears_notifications(listen: BaseDatabaseWrapper, send: BaseDatabaseWrapper, wait_s: float = PROBE_WAIT_S) -> bool:

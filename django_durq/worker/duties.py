@@ -46,10 +46,17 @@ class CronDuty:
     """
 
     name = "cron"
-    every_ms = INTERVAL_MS  # due times fall on whole seconds
+    # Due times fall on whole seconds. With no schedule declared, the duty only looks again for
+    # one that became valid (a schedule with a problem is left out until the problem is gone).
+    NONE_DECLARED_EVERY_MS = 60 * INTERVAL_MS
+
+    def __init__(self) -> None:
+        self.every_ms = INTERVAL_MS
 
     def run_once(self, now_ms: int) -> dict[str, int]:
-        return schedules.tick(now_ms)
+        specs = schedules.schedules(now_ms)
+        self.every_ms = INTERVAL_MS if specs else self.NONE_DECLARED_EVERY_MS
+        return schedules.tick(now_ms, specs=specs)
 
 
 class RetentionDuty:
@@ -144,18 +151,24 @@ class SettleDuty:
     """Counts job ends that the worker which ended them did not (it died, or an operator cancelled).
 
     Each edge is counted once whoever counts it (``db/dependencies.py``), so this sweep and the
-    workers never count an end twice; it only bounds how long a missed count can wait.
+    workers never count an end twice; it only bounds how long a missed count can wait: a second
+    while a workflow is in flight. With none in flight there is no count to miss, and the sweep
+    looks every ``QUIET_EVERY_MS`` for the next workflow, which an idle worker would otherwise pay
+    a read a second for.
     """
 
     name = "settle"
-    every_ms = INTERVAL_MS  # the longest a missed count waits
+    QUIET_EVERY_MS = 5 * INTERVAL_MS
 
     def __init__(self, settings: DurqSettings) -> None:
         self.settings = settings
+        self.every_ms = INTERVAL_MS
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         dialect = dialect_for(connections[self.settings.database])
-        if not uncounted_ends(dialect):
+        in_flight, uncounted = uncounted_ends(dialect)
+        self.every_ms = INTERVAL_MS if in_flight else self.QUIET_EVERY_MS
+        if not uncounted:
             return {"edges": 0, "released": 0, "cancelled": 0}
         result = settle(dialect, now_ms)
         return {"edges": result.edges, "released": len(result.released), "cancelled": len(result.cancelled)}

@@ -211,8 +211,14 @@ class MaintenanceRunner:
         """Seconds until the next pass, on the clock's interval grid however long the last one took.
 
         Waiting a whole interval after each pass would let passes drift later and later past the
-        whole seconds that due times fall on.
+        whole seconds that due times fall on. A leader by presence lock sleeps through the passes
+        that would run no duty: each would wake the worker for nothing. One that holds the lease
+        row instead passes every interval, as the row must be renewed.
         """
         now = self.runtime.clock.now_ms()
         following = (now - PASS_OFFSET_MS) // INTERVAL_MS * INTERVAL_MS + INTERVAL_MS + PASS_OFFSET_MS
+        if self._leading and self.runtime.presence is not None and len(self._next_run_ms) == len(self.duties):
+            earliest = min(self._next_run_ms.values())
+            # The first pass on the grid at or after the earliest duty's time.
+            following = max(following, -((PASS_OFFSET_MS - earliest) // INTERVAL_MS) * INTERVAL_MS + PASS_OFFSET_MS)
         return (following - now) / 1000

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_durq")
 
 TICK_S = 0.2
+# While the worker writes, its writes are checkpointed this often (SQLite: the dispatcher's own
+# commits never checkpoint, so that no claim waits for one; see db/sqlite.py).
+CHECKPOINT_S = 1.0
 # An idle worker's monitor wakes at most this often: a timeout is reaped only TIMEOUT_GRACE_MS
 # after it passes, so a job claimed meanwhile is looked at in time all the same.
 IDLE_TICK_S = TIMEOUT_GRACE_MS / 1000
@@ -56,6 +59,8 @@ class Monitor:
         self._thread = threading.Thread(target=self._loop, name="durq-monitor", daemon=True)
         self._last_beat = 0.0
         self._last_bury = 0.0
+        self._last_checkpoint = 0.0
+        self._checkpointed_done = 0
         self._recorded_done = 0  # registering wrote the row with no jobs done
 
     def start(self) -> None:
@@ -72,11 +77,13 @@ class Monitor:
                 for pool in self.pools:
                     pool.reap_timeouts()
                 mono = time.monotonic()
-                if (mono - self._last_bury) * 1000 >= runtime.settings.poll_interval_ms:
+                if mono - self._last_bury >= runtime.poll_s:
                     self._last_bury = mono
                     now = runtime.clock.now_ms()
                     for pool in self.pools:
                         pool.bury_expired(now)
+                if mono - self._last_checkpoint >= CHECKPOINT_S:
+                    self.checkpoint()
                 if (mono - self._last_beat) * 1000 >= runtime.settings.heartbeat_interval_ms:
                     self._last_beat = mono
                     self.flush(runtime.clock.now_ms())
@@ -93,8 +100,18 @@ class Monitor:
         """TICK_S while this process holds attempts; idle, until the next scan for lost last attempts."""
         if len(self.runtime.book):
             return TICK_S
-        until_bury_s = self.runtime.settings.poll_interval_ms / 1000 - (time.monotonic() - self._last_bury)
+        until_bury_s = self.runtime.poll_s - (time.monotonic() - self._last_bury)
         return min(max(until_bury_s, TICK_S), IDLE_TICK_S)
+
+    def checkpoint(self) -> None:
+        """Checkpoint what the worker wrote since the last time: while it holds attempts, and once after."""
+        runtime = self.runtime
+        done = runtime.jobs_done
+        if not len(runtime.book) and done == self._checkpointed_done:
+            return  # idle, and checkpointed since it last finished a job
+        self._last_checkpoint = time.monotonic()
+        self._checkpointed_done = done
+        runtime.store.retrying("checkpoint", lambda d: d.checkpoint())
 
     def flush(self, now: int) -> None:
         """Write the counters and record this process as alive."""

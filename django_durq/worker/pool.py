@@ -237,7 +237,7 @@ class Pool:
                             if self.held() == 0:
                                 break
                             continue
-                        poll_ms = runtime.settings.poll_interval_ms
+                        poll_ms = runtime.poll_s * 1000
                         wait_s = max(poll_ms if due is None else min(due - now, poll_ms), 1) / 1000
                         continue
                 # A flush tops the buffer up too: one transaction both records and claims.

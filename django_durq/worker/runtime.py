@@ -24,6 +24,13 @@ from .events import Events
 # on PostgreSQL to DURQ["LISTEN_DATABASE"] (the queue's database unless that goes through a pooler).
 SHARED_CONNECTIONS = 4
 
+# An idle pool's probe interval when DURQ["POLL_INTERVAL"] is not set: where nothing wakes the
+# worker when a job is queued (PostgreSQL without LISTEN_DATABASE), the probe is how it finds
+# jobs; where something does, the probe only finds what no wake-up announced (a row inserted by
+# raw SQL, a lease that ran out after the last probe), and a longer interval saves the idle CPU.
+POLL_WITHOUT_WAKEUPS_MS = 1_000
+POLL_WITH_WAKEUPS_MS = 5_000
+
 
 def connections_needed(concurrencies: list[int]) -> int:
     """Connections from Django's pool that one worker running queues of these sizes holds at most."""
@@ -52,7 +59,8 @@ class Runtime:
         self.presence: WorkerPresence | None = None
         self.burst = burst
         self.max_jobs = max_jobs
-        self.poll_s = settings.poll_interval_ms / 1000
+        # The longest an idle pool sleeps before it looks for due jobs; see ``hears_wakeups``.
+        self.poll_s = (settings.poll_interval_ms or POLL_WITHOUT_WAKEUPS_MS) / 1000
         self.stop_claiming = threading.Event()  # no new claims (signal, --max-jobs, --max-memory, error)
         self.shutdown = threading.Event()  # running handlers are asked to stop (any stop the worker decides)
         # Wakes the supervisor's main thread (a stop was requested, a pool finished): set by it.
@@ -72,6 +80,16 @@ class Runtime:
         self.jobs_done = 0
         self.outcomes: dict[str, int] = defaultdict(int)
         self._stats: dict[tuple[str, int], list[int]] = {}
+
+    def hears_wakeups(self) -> None:
+        """New jobs wake this process (a bell, LISTEN, MariaDB's watcher): the probe is only the safety net.
+
+        Unless ``DURQ["POLL_INTERVAL"]`` says otherwise, an idle pool then looks every
+        ``POLL_WITH_WAKEUPS_MS``: every look is a read, and its wake-up costs an idle worker
+        more CPU than anything else it does.
+        """
+        if self.settings.poll_interval_ms is None:
+            self.poll_s = POLL_WITH_WAKEUPS_MS / 1000
 
     def request_stop(self, reason: str = "stopping") -> None:
         """Stop claiming and ask running handlers to stop (``ctx.should_stop()``), saying why.

@@ -130,6 +130,8 @@ class Supervisor:
         self.bell.hear_signals()
         runtime.wake_main = self.bell.ring
         self.watcher.start()
+        if self.watcher.active:
+            runtime.hears_wakeups()
         runtime.events.start()
         self.keeper.start()
         for pool in self.pools:

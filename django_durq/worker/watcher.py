@@ -16,11 +16,11 @@ by the dispatchers' idle probe at the poll interval. Without one it reads ``PRAG
 every ``SQLITE_CHECK_S`` (it changes when another connection commits to the file; reading it
 takes no lock). MariaDB has no notifications from other hosts: a connection of
 the watcher's own reads the newest job ids, every ``MYSQL_CHECK_S`` after a job was seen and
-less and less often, down to every ``MYSQL_IDLE_CHECK_S``, while none comes: that interval is
-how late a job enqueued on another host may be noticed. Ids are handed out when a transaction
-inserts, not when it commits, so a transaction that commits after a later one leaves a gap below
-the highest id seen; the watcher keeps such gaps in view (for ``GAP_S``) and wakes the pools
-when one fills. It also reads which of its pools' queues have a job due, as a job handed back or
+less and less often, down to every ``MYSQL_IDLE_CHECK_S`` (a second), while none comes: that
+interval is how late a job enqueued on another host after a quiet spell may be noticed. Ids are
+handed out when a transaction inserts, not when it commits, so a transaction that commits after a
+later one leaves a gap below the highest id seen; the watcher keeps such gaps in view (for
+``GAP_S``) and wakes the pools when one fills. It also reads which of its pools' queues have a job due, as a job handed back or
 retried becomes due without a new id. On any trouble the watcher kicks every pool, so a lost
 notification costs at most one probe, never a job; the poll interval is the last safety net.
 """
@@ -51,9 +51,11 @@ LISTEN_CHECK_S = 10.0
 SQLITE_CHECK_S = 0.01  # without a bell: 100 cheap reads a second, ~5 ms of added latency on average
 # A read on the database server from every worker process: 40 a second each while jobs come (a
 # job from another host is seen ~12 ms late on average); the interval doubles after each second
-# without one, up to the idle interval: 5 reads a second, a job from another host 200 ms late at most.
+# without one, up to the idle interval: one read a second, so a job from another host after a
+# quiet spell is seen up to a second late. Each read wakes the worker, and at 5 a second these
+# reads were most of an idle worker's CPU; jobs from the enqueuing host ring its bell at once.
 MYSQL_CHECK_S = 0.025
-MYSQL_IDLE_CHECK_S = 0.2
+MYSQL_IDLE_CHECK_S = 1.0
 MYSQL_SLOW_DOWN_S = 1.0
 # How long the watcher waits for a gap in the ids to fill (a transaction still open, or one that
 # rolled back), and how many gaps it keeps in view at most; past either, the poll interval covers.
