@@ -4,10 +4,14 @@ With Django's default client-side binding the server would plan each claim anew,
 costs more than the claim itself. The dispatcher's connection prepares the claim once, with a
 generic plan; behind a transaction pooler (``DURQ["LISTEN_DATABASE"]`` elsewhere, or None) a
 prepared statement would be missing on the next server connection, so nothing is prepared there.
+With server-side binding the server cannot take ``EXECUTE``'s arguments as parameters: the claim
+is sent as text, for the driver to prepare.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -27,11 +31,26 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def fresh_session():
-    connection.close()  # a session with nothing prepared yet
-    yield
+@contextmanager
+def binding(server_side: bool) -> Iterator[None]:
+    """Sessions opened meanwhile bind on the server or on the client, whatever the test leg says."""
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    saved = dict(options)
     connection.close()
+    options["server_side_binding"] = server_side
+    try:
+        yield
+    finally:
+        connection.close()
+        options.clear()
+        options.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def client_side():
+    """A fresh session (nothing prepared yet) with Django's default binding."""
+    with binding(server_side=False):
+        yield
 
 
 def prepared_claims() -> dict[str, tuple[int, int]]:
@@ -79,3 +98,12 @@ def test_nothing_is_prepared_where_the_queue_database_may_go_through_a_pooler(li
         job = jobs.effect.enqueue(tag="one")
         assert claim(1) == [job.pk]
     assert prepared_claims() == {}
+
+
+def test_with_server_side_binding_the_claim_goes_as_text_and_works():
+    with binding(server_side=True):
+        job = jobs.effect.enqueue(tag="one")
+        dialect_for(connection).prepare_dispatcher_connection()
+        assert prepared_claims() == {}
+        assert claim(1) == [job.pk]
+        assert Job.objects.get(pk=job.pk).status == "running"

@@ -136,12 +136,16 @@ class PostgreSQLDialect(Dialect):
         the benchmark machine after 20 ms idle), and Django's default client-side binding has the
         server plan every statement anew. So the session prepares the claim once, with a generic
         plan (left to choose, the server would go on planning it for each call's values), and the
-        dispatcher sends ``EXECUTE``, which works with any driver and binding. A statement
+        dispatcher sends ``EXECUTE`` with its arguments bound by the client, Django's default. A statement
         prepared on one server connection is missing on the next behind a transaction pooler, so
         this is done only where the queue's database is also where workers LISTEN
         (``DURQ["LISTEN_DATABASE"]``), which must reach the server directly.
         """
         if get_settings().listen_database != self.connection.alias:
+            return
+        if self.connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+            # The server binds ``EXECUTE``'s arguments only when they are written in the text
+            # ("there is no parameter $1"); with server-side binding the driver prepares the claim.
             return
         self.connection.ensure_connection()
         raw = self.connection.connection
