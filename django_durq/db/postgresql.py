@@ -77,7 +77,8 @@ _CLAIM_IDS = f"""
 _PREPARED_CLAIMS = {"durq_claim": _CLAIM, "durq_claim_unflushed": _CLAIM_UNFLUSHED}
 # The types of ``claim``'s parameters, declared: inferred from ``%s + job.lease_ms`` a time would be an integer.
 _CLAIM_TYPES = "varchar, bigint, varchar, bigint, varchar, bigint, varchar, bigint, bigint, varchar, bigint, bigint"
-_CLAIM_PARAMS = _CLAIM_TYPES.count(",") + 1
+# How the dispatcher runs each, written once: the claim is the hot path.
+_EXECUTE_CLAIM = {name: f"EXECUTE {name}({', '.join(['%s'] * (_CLAIM_TYPES.count(',') + 1))})" for name in _PREPARED_CLAIMS}
 # The driver connections whose session has them prepared.
 _PREPARED_ON: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -121,8 +122,7 @@ class PostgreSQLDialect(Dialect):
         unflushed = not self.connection.in_atomic_block and not get_settings().durable_claims
         raw = self.connection.connection
         if raw is not None and raw in _PREPARED_ON:
-            name = "durq_claim_unflushed" if unflushed else "durq_claim"
-            rows = self.fetchall(f"EXECUTE {name}({', '.join(['%s'] * _CLAIM_PARAMS)})", params)
+            rows = self.fetchall(_EXECUTE_CLAIM["durq_claim_unflushed" if unflushed else "durq_claim"], params)
         else:
             rows = self.fetchall(_CLAIM_UNFLUSHED if unflushed else _CLAIM, params)
         jobs = [ClaimedJob.from_row(row) for row in rows]

@@ -20,9 +20,10 @@ less and less often, down to every ``MYSQL_IDLE_CHECK_S`` (a second), while none
 interval is how late a job enqueued on another host after a quiet spell may be noticed. Ids are
 handed out when a transaction inserts, not when it commits, so a transaction that commits after a
 later one leaves a gap below the highest id seen; the watcher keeps such gaps in view (for
-``GAP_S``) and wakes the pools when one fills. It also reads which of its pools' queues have a job due, as a job handed back or
-retried becomes due without a new id. On any trouble the watcher kicks every pool, so a lost
-notification costs at most one probe, never a job; the poll interval is the last safety net.
+``GAP_S``) and wakes the pools when one fills. It also reads which of its pools' queues have a
+job due, as a job handed back or retried becomes due without a new id. On any trouble the watcher
+kicks every pool, so a lost notification costs at most one probe, never a job; the poll interval
+is the last safety net.
 """
 
 from __future__ import annotations
