@@ -143,7 +143,11 @@ class MySQLDialect(Dialect):
             yield
         finally:
             if took:
-                self.execute(f"DO RELEASE_LOCK({_TURN})", (key,))
+                # A named lock belongs to the session, not the transaction: it must be given back
+                # even when an error inside (a deadlock) broke the transaction, where Django
+                # refuses queries until the atomic block ends, so the driver's cursor is used.
+                with self.connection.connection.cursor() as cursor:
+                    cursor.execute(f"DO RELEASE_LOCK({_TURN})", (key,))
 
     def pack_arguments(self, arguments: Sequence[str]) -> Any:
         return json.dumps(list(arguments), ensure_ascii=False)
