@@ -212,7 +212,7 @@ class Session:
         env = {key: value for key, value in os.environ.items() if key not in _DROP_ENV}
         paths = [str(envs.SITES)]
         if adapter.needs_repo:
-            paths.append(str(envs.REPO))
+            paths.append(str(adapter.source or envs.REPO))
         env.update(database.env())
         env.update(
             {
