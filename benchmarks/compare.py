@@ -1,14 +1,18 @@
 """The A/B compare mode: ``python -m benchmarks.run --compare [REV | A..B]``.
 
 Side A is a revision built beside the working tree (``core/builds.py``; by default the previous
-main), side B the working tree (or a second revision, ``A..B``). Both run from the same virtualenv
-and benchmark site, on fresh databases, so django_durq is the only difference. For each round, each
-database and each figure, A and B are measured back to back, the order alternating between
+main), side B the working tree (or a second revision, ``A..B``; either may also be a directory
+holding a ``django_durq/`` of its own, a scratch copy). Both run from the same virtualenv and
+benchmark site, on fresh databases, so django_durq is the only difference. For each round, each
+database and each workload, A and B are measured back to back, the order alternating between
 rounds (A B, then B A), so that a drift of the shared machine weighs on both sides alike.
 
-Figures: the drain (10,000 waiting no-op jobs, one worker at concurrency 4, jobs/s from the first
-job's start to the last's) and the enqueue-to-start latency (200 jobs 20 ms apart, from the
-producer's commit to the handler's start, p50 and p99), on Django's default connection settings
+Workloads (``--only`` picks among them): the drain (10,000 waiting no-op jobs, one worker at
+concurrency 4, jobs/s from the first job's start to the last's), the enqueue-to-start latency
+(200 jobs 20 ms apart, from the producer's commit to the handler's start, p50 and p99) and the
+anatomy of a 20,000-job drain (``workloads/anatomy.py``: CPU per job of the worker and its
+dispatcher, the dispatcher's statements, the server's CPU, time, WAL and buffers per job), whose
+figures the machine's load barely moves. All on Django's default connection settings
 (``BENCH_DURQ_PG_DEFAULTS=0`` in the environment measures the PostgreSQL guide's settings instead).
 The table gives each side's median over rounds with its min–max, and the ratio B/A of the rounds
 (median, min–max): a ratio whose range spans 1 is within the machine's noise.
@@ -28,10 +32,11 @@ from .adapters import SYSTEMS, Adapter
 from .core import builds, procs
 from .core.session import Session, Skip
 from .render import DB_LABEL
-from .workloads import drain, latency
+from .workloads import anatomy, drain, latency
 
 DATABASES = ("sqlite", "postgres", "mysql")
-WORKLOADS = ("drain", "latency")
+WORKLOADS = ("drain", "latency", "anatomy")
+DEFAULT_WORKLOADS = ("drain", "latency", "anatomy")
 ROUNDS = 5
 DRAIN_JOBS = 10_000
 CONCURRENCY = 4
@@ -51,6 +56,15 @@ FIGURES = (
     Figure("drain", "jobs_per_s", "drain c={c}", "jobs/s", True, 0),
     Figure("latency", "p50_ms", "latency p50", "ms", False, 2),
     Figure("latency", "p99_ms", "latency p99", "ms", False, 2),
+    # The anatomy (workloads/anatomy.py): what a job costs, in measures the machine's load barely moves.
+    Figure("anatomy", "summary.worker_cpu_us_per_job", "worker CPU per job", "µs", False, 1),
+    Figure("anatomy", "summary.dispatcher_cpu_us_per_job", "dispatcher CPU per job", "µs", False, 1),
+    Figure("anatomy", "summary.dispatcher_calls_per_1000_jobs", "dispatcher's statements per 1,000 jobs", "calls", False, 1),
+    Figure("anatomy", "summary.dispatcher_wall_us_per_job", "dispatcher's time in statements per job", "µs", False, 1),
+    Figure("anatomy", "summary.server_cpu_us_per_job", "server sessions' CPU per job", "µs", False, 1),
+    Figure("anatomy", "summary.server_time_us_per_job", "server time per job (pg_stat_statements)", "µs", False, 1),
+    Figure("anatomy", "summary.wal_bytes_per_job", "WAL per job", "bytes", False, 0),
+    Figure("anatomy", "summary.buffers_per_job", "buffers touched per job", "buffers", False, 1),
 )
 
 
@@ -68,8 +82,8 @@ def sides(spec: str) -> tuple[builds.Side, builds.Side]:
     """``""``: the previous main against the working tree; ``REV``: REV against it; ``A..B``: two revisions."""
     if ".." in spec:
         first, second = spec.split("..", 1)
-        return builds.build(first or builds.previous_main()), builds.build(second) if second else builds.working_tree()
-    return builds.build(spec or builds.previous_main()), builds.working_tree()
+        return builds.side_for(first or builds.previous_main()), builds.side_for(second) if second else builds.working_tree()
+    return builds.side_for(spec or builds.previous_main()), builds.working_tree()
 
 
 def adapter_for(side: builds.Side) -> Adapter:
@@ -133,6 +147,8 @@ def _measure(
     try:
         if workload == "drain":
             metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, f"cmp-r{round_}", env=env)
+        elif workload == "anatomy":
+            metrics = anatomy.measure(session, adapter, database, max(jobs, anatomy.JOBS))
         else:
             metrics = latency.measure(session, adapter, database, round_, with_idle=False, env=env)
     except (RuntimeError, OSError) as error:
@@ -146,6 +162,8 @@ def _brief(found: Measurement) -> str:
         return f"ERROR: {metrics['error'][-1500:]}"
     if found.workload == "drain":
         return f"{metrics.get('jobs_per_s') or 0:,.0f} jobs/s (load {found.load:.2f})"
+    if found.workload == "anatomy":
+        return ", ".join(f"{name} {value:,.1f}" for name, value in metrics.get("summary", {}).items())
     return f"p50 {metrics.get('p50_ms') or 0:.2f} ms, p99 {metrics.get('p99_ms') or 0:.2f} ms (load {found.load:.2f})"
 
 
@@ -155,7 +173,9 @@ def _brief(found: Measurement) -> str:
 def _value(found: Measurement, metric: str) -> float | None:
     if "error" in found.metrics:
         return None
-    value = found.metrics.get(metric)
+    value: Any = found.metrics
+    for part in metric.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
     return float(value) if value is not None else None
 
 
@@ -184,7 +204,7 @@ def rows_for(measured: list[Measurement], database: str, figure: Figure, rounds:
     for found in measured:
         if found.database == database and found.workload == figure.workload:
             by_round.setdefault(found.round, {})[found.side] = _value(found, figure.metric)
-    if not by_round:
+    if not any(value is not None for sides in by_round.values() for value in sides.values()):
         return None
     a_values = [sides["A"] for sides in by_round.values() if sides.get("A") is not None]
     b_values = [sides["B"] for sides in by_round.values() if sides.get("B") is not None]
@@ -233,6 +253,11 @@ def render(
         what.append(f"drain of {jobs:,} waiting no-op jobs by one worker at concurrency {CONCURRENCY}")
     if "latency" in workloads:
         what.append(f"enqueue-call-to-handler-start latency of {latency.JOBS} jobs {latency.GAP_MS} ms apart, commit included")
+    if "anatomy" in workloads:
+        what.append(
+            f"the anatomy of a drain of {max(jobs, anatomy.JOBS):,} jobs (benchmarks/workloads/anatomy.py; "
+            "PostgreSQL on a server of the harness's own with pg_stat_statements)"
+        )
     notes = [
         f"A = {side_a.revision}, B = {side_b.revision}; {'; '.join(what)}; {settings}.",
         f"Each cell: median over {rounds} round{'s' if rounds > 1 else ''} (min–max); "

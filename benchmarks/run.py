@@ -54,6 +54,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--publish", action="store_true", help="merge into results/latest.jsonl and render docs")
     parser.add_argument("--no-render", action="store_true", help="skip the summary table")
     parser.add_argument(
+        "--revision",
+        metavar="REV",
+        help="run django-durq as of revision REV (built under benchmarks/.builds/) or from directory REV "
+        "(one that holds django_durq/, a scratch copy) instead of the working tree",
+    )
+    parser.add_argument(
         "--compare",
         nargs="?",
         const="",
@@ -101,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args)
     workloads = _names(args.only, list(ALL), "workloads") if args.only else list(DEFAULT)
     systems = _names(args.systems, list(SYSTEMS), "systems")
+    if args.revision:
+        try:
+            SYSTEMS["durq"] = compare.adapter_for(builds.side_for(args.revision))
+        except builds.BuildError as error:
+            raise SystemExit(f"--revision: {error}") from None
     wanted_databases = _names(args.databases, DATABASES, "databases")
     session = Session(options_from(args))
     leftovers = databases.drop_leftovers()
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 def _compare(args: argparse.Namespace) -> int:
     if args.publish or args.systems:
         raise SystemExit("--compare measures django-durq alone and publishes nothing: drop --publish and --systems")
-    workloads = _names(args.only, compare.WORKLOADS, "workloads for --compare")
+    workloads = _names(args.only, compare.WORKLOADS, "workloads for --compare") if args.only else list(compare.DEFAULT_WORKLOADS)
     wanted_databases = _names(args.databases, compare.DATABASES, "databases for --compare")
     options = options_from(args)
     rounds = args.repeats or (2 if args.quick else compare.ROUNDS)

@@ -1,4 +1,4 @@
-"""A revision of django-durq built beside the working tree, for the compare mode (``--compare``).
+"""A revision of django-durq built beside the working tree, for ``--compare`` and ``--revision``.
 
 ``git archive`` writes the revision's ``django_durq/`` and ``pyproject.toml`` to
 ``benchmarks/.builds/<sha>/``; its processes import it from there through ``PYTHONPATH``, in the
@@ -95,7 +95,19 @@ def build(spec: str) -> Side:
     return Side(label=sha[:7], revision=sha, source=target)
 
 
+def side_for(spec: str) -> Side:
+    """A revision (built), or a directory that holds a ``django_durq/`` of its own (a scratch copy, used as it is)."""
+    path = Path(spec).expanduser()
+    if (path / "django_durq").is_dir():
+        path = path.resolve()
+        return Side(label=path.name, revision=str(path), source=path)
+    return build(spec)
+
+
 def dependencies(side: Side) -> list[str]:
     """The package's own requirements at that side (Django left out: the virtualenv pins it)."""
-    project = tomllib.loads((side.source / "pyproject.toml").read_text())["project"]
+    pyproject = side.source / "pyproject.toml"
+    if not pyproject.exists():
+        return []
+    project = tomllib.loads(pyproject.read_text())["project"]
     return sorted(item for item in project.get("dependencies", []) if not item.lower().startswith("django"))
