@@ -1,4 +1,4 @@
-"""Where a drain's time goes, in measures the machine's load does not change: statements and CPU per job.
+"""Where a drain's time goes, in measures the machine's load barely moves: statements and CPU per job.
 
 Not in a default run. One worker at concurrency 4 drains 20,000 waiting no-op jobs (``--jobs``
 if larger) with Django's default connection settings; the worker records every statement its
@@ -14,7 +14,8 @@ of the drain, from the first job's start to the last's:
   before the transaction's first statement);
 - on PostgreSQL, a server of the harness's own with ``pg_stat_statements`` (``core/pg_server.py``):
   calls, execution and planning time, rows and WAL per statement, over the whole worker run;
-- the database server's sessions' CPU per job (``core/dbserver.py``).
+- the database server's sessions' CPU per job (``core/dbserver.py``; MariaDB's is the shared
+  server's, whose statement counters would mix in other work).
 
 Compare revisions with ``--revision REV`` (``run.py``): the same workload against a built revision.
 """
@@ -91,6 +92,9 @@ def measure(session: Session, adapter: Adapter, database: str, jobs: int) -> dic
         metrics: dict[str, Any] = {"jobs": jobs, "finished": finished, "record": str(record_file)}
         records = ticks.read(tick_file)
         starts = sorted(t for _, t in records)
+        if len(starts) < 2:
+            metrics["error"] = f"{len(starts)} jobs ran; worker log tail:\n{group.log_tail()}"
+            return metrics
         t0, t1 = starts[0], starts[-1]
         metrics["window_s"] = t1 - t0
         metrics["window_jobs"] = len(starts) - 1
