@@ -38,6 +38,9 @@ DATABASES = ("sqlite", "postgres", "mysql")
 WORKLOADS = ("drain", "latency", "anatomy")
 DEFAULT_WORKLOADS = ("drain", "latency", "anatomy")
 ROUNDS = 5
+# A change is named only when every one of at least this many rounds agrees on its direction: an
+# A/A run (the same code on both sides) differs by up to 10% in a single round on a busy machine.
+MIN_ROUNDS_TO_TELL = 3
 DRAIN_JOBS = 10_000
 CONCURRENCY = 4
 
@@ -60,7 +63,7 @@ FIGURES = (
     Figure("anatomy", "summary.worker_cpu_us_per_job", "worker CPU per job", "µs", False, 1),
     Figure("anatomy", "summary.dispatcher_cpu_us_per_job", "dispatcher CPU per job", "µs", False, 1),
     Figure("anatomy", "summary.dispatcher_calls_per_1000_jobs", "dispatcher's statements per 1,000 jobs", "calls", False, 1),
-    Figure("anatomy", "summary.dispatcher_wall_us_per_job", "dispatcher's time in statements per job", "µs", False, 1),
+    Figure("anatomy", "summary.dispatcher_wall_us_per_job", "dispatcher's wall time in statements per job", "µs", False, 1),
     Figure("anatomy", "summary.server_cpu_us_per_job", "server sessions' CPU per job", "µs", False, 1),
     Figure("anatomy", "summary.server_time_us_per_job", "server time per job (pg_stat_statements)", "µs", False, 1),
     Figure("anatomy", "summary.wal_bytes_per_job", "WAL per job", "bytes", False, 0),
@@ -191,6 +194,8 @@ def change(ratios: list[float], higher_is_better: bool) -> str:
     """In words: how B compares with A when every round agrees, else within the spread."""
     if not ratios:
         return "-"
+    if len(ratios) < MIN_ROUNDS_TO_TELL:
+        return f"{len(ratios)} round{'s' if len(ratios) > 1 else ''}: too few to tell"
     if min(ratios) <= 1 <= max(ratios):
         return "within the spread"
     ratio = statistics.median(ratios)
@@ -252,12 +257,13 @@ def render(
     if "drain" in workloads:
         what.append(f"drain of {jobs:,} waiting no-op jobs by one worker at concurrency {CONCURRENCY}")
     if "latency" in workloads:
-        what.append(f"enqueue-call-to-handler-start latency of {latency.JOBS} jobs {latency.GAP_MS} ms apart, commit included")
-    if "anatomy" in workloads:
         what.append(
-            f"the anatomy of a drain of {max(jobs, anatomy.JOBS):,} jobs (benchmarks/workloads/anatomy.py; "
-            "PostgreSQL on a server of the harness's own with pg_stat_statements)"
+            f"latency of {latency.JOBS} jobs {latency.GAP_MS} ms apart, from the enqueue call's return (after its commit)"
+            " to the handler's start"
         )
+    if "anatomy" in workloads:
+        server = "; PostgreSQL on a server of the harness's own with pg_stat_statements" if "postgres" in databases else ""
+        what.append(f"the anatomy of a drain of {max(jobs, anatomy.JOBS):,} jobs (benchmarks/workloads/anatomy.py{server})")
     notes = [
         f"A = {side_a.revision}, B = {side_b.revision}; {'; '.join(what)}; {settings}.",
         f"Each cell: median over {rounds} round{'s' if rounds > 1 else ''} (min–max); "
