@@ -40,3 +40,9 @@ clean:
 bench:
 	scripts/system-deps
 	$(PYTHON) -m benchmarks.run --publish $(BENCH_ARGS)
+
+# The A/B before a change to the worker, executor, store or dialects lands: the previous main
+# (or BENCH_COMPARE=REV, or A..B) against the working tree, interleaved; prints a markdown table.
+.PHONY: bench-compare
+bench-compare:
+	$(PYTHON) -m benchmarks.run --compare $(BENCH_COMPARE) $(BENCH_ARGS)

@@ -370,6 +370,11 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         "Every figure is the median over repeats, with min–max in brackets; each repeat starts fresh processes on a "
         "freshly created database. Ratios compare medians measured in the same run.",
         "",
+        "A change to django-durq's worker, executor, store or dialects is measured against the previous main with "
+        "`python -m benchmarks.run --compare`: both revisions in one run, back to back for each database and "
+        "workload, the order alternating between rounds, with statements, CPU and server work per job beside the "
+        "timed figures (`benchmarks/README.md`).",
+        "",
         "Each system is configured as its own documentation recommends, otherwise left at its defaults "
         "(`benchmarks/sites/benchsite/settings.py`): persistent connections for every Django database, SQLite in WAL "
         "with `synchronous=NORMAL`, and for django-durq on PostgreSQL server-side binding with prepared statements "

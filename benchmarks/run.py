@@ -4,6 +4,8 @@
     python -m benchmarks.run --only latency --databases postgres --repeats 5
     python -m benchmarks.run --quick                 # fewer jobs and repeats, for a smoke test
     python -m benchmarks.run --publish               # merge into results/latest.jsonl, render docs
+    python -m benchmarks.run --compare               # A/B: the previous main against the working tree
+    python -m benchmarks.run --compare 0b62311..550a369 --databases postgres --repeats 7
 
 Results go to ``benchmarks/results/<run id>.jsonl``, one line per measurement.
 """
@@ -16,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import render
+from . import compare, render
 from .adapters import SYSTEMS
-from .core import databases, envs, procs
+from .core import builds, databases, envs, procs
 from .core.session import RESULTS, Options, Session, Skip
 from .workloads import ALL, DEFAULT
 
@@ -51,6 +53,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, small counts, short windows")
     parser.add_argument("--publish", action="store_true", help="merge into results/latest.jsonl and render docs")
     parser.add_argument("--no-render", action="store_true", help="skip the summary table")
+    parser.add_argument(
+        "--revision",
+        metavar="REV",
+        help="run django-durq as of revision REV (built under benchmarks/.builds/) or from directory REV "
+        "(one that holds django_durq/, a scratch copy) instead of the working tree",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs="?",
+        const="",
+        metavar="REV|A..B",
+        help="A/B of django-durq alone: REV (default: the previous main) against the working tree, or revision A "
+        "against revision B, drain and latency interleaved over --repeats rounds (default 5); prints a markdown table",
+    )
     return parser.parse_args(argv)
 
 
@@ -87,8 +103,15 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.compare is not None:
+        return _compare(args)
     workloads = _names(args.only, list(ALL), "workloads") if args.only else list(DEFAULT)
     systems = _names(args.systems, list(SYSTEMS), "systems")
+    if args.revision:
+        try:
+            SYSTEMS["durq"] = compare.adapter_for(builds.side_for(args.revision))
+        except builds.BuildError as error:
+            raise SystemExit(f"--revision: {error}") from None
     wanted_databases = _names(args.databases, DATABASES, "databases")
     session = Session(options_from(args))
     leftovers = databases.drop_leftovers()
@@ -145,6 +168,28 @@ def main(argv: list[str] | None = None) -> int:
         render.dump(merged, latest)
         session.say(f"[publish] {latest} ({len(merged)} lines)")
         _render_docs(session, latest)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    if args.publish or args.systems:
+        raise SystemExit("--compare measures django-durq alone and publishes nothing: drop --publish and --systems")
+    workloads = _names(args.only, compare.WORKLOADS, "workloads for --compare") if args.only else list(compare.DEFAULT_WORKLOADS)
+    wanted_databases = _names(args.databases, compare.DATABASES, "databases for --compare")
+    options = options_from(args)
+    rounds = args.repeats or (2 if args.quick else compare.ROUNDS)
+    jobs = args.jobs or (options.jobs if args.quick else compare.DRAIN_JOBS)
+    session = Session(options)
+    databases.drop_leftovers()
+    session.say(f"[setup] results: {session.results_path}")
+    session.record("machine", None, "-", {}, 0, session.machine(), procs.loadavg())
+    try:
+        table = compare.run(session, args.compare, wanted_databases, workloads, rounds, jobs)
+    except builds.BuildError as error:
+        raise SystemExit(f"--compare: {error}") from None
+    finally:
+        session.close()
+    print("\n" + table)
     return 0
 
 

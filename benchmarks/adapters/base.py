@@ -19,6 +19,7 @@ class Adapter:
     packages: tuple[str, ...]  # whose versions the results record
     durability: str  # one line on what a crash can cost
     needs_repo: bool = False  # django-durq runs from the checkout
+    source: Path | None = None  # where django_durq is imported from when not the checkout (a build)
     notes: dict[str, str] = field(default_factory=dict)
 
     def django_database(self, queue_database: str) -> str:

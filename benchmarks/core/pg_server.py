@@ -37,8 +37,10 @@ def _bin_dir() -> Path | None:
 
 
 class PostgresServer:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, settings: dict[str, str] | None = None) -> None:
+        """``settings``: server settings given at start (``shared_preload_libraries``, say); the defaults otherwise."""
         self.log_dir = log_dir
+        self.settings = settings or {}
         self.port = ""
         self.data: Path | None = None
         self.popen: subprocess.Popen[bytes] | None = None
@@ -76,6 +78,8 @@ class PostgresServer:
             str(bin_dir / "postgres"), "-D", str(self.data), "-c", f"port={self.port}",
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.data}",
         ]  # fmt: skip
+        for name, value in self.settings.items():
+            command += ["-c", f"{name}={value}"]
         with (self.log_dir / "postgres.log").open("wb") as sink:
             self.popen = subprocess.Popen(
                 command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.data, **self._as_owner()

@@ -9,7 +9,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ class Session:
         self._pg_server: PostgresServer | None = None
         self._pg_server_error: str | None = None
         self._servers: dict[str, str | None] = {}
+        self._closers: list[Callable[[], None]] = []  # what a workload started for the whole run
         self.versions: dict[str, dict[str, str]] = {}
         self.hints: dict[tuple[str, str, str], float] = {}
         self._counter = 0
@@ -196,7 +197,13 @@ class Session:
             self.say(f"[postgres] own PostgreSQL {server.version} on 127.0.0.1:{server.port}")
         return self._pg_server
 
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Run ``closer`` when the run ends (a server a workload started for itself)."""
+        self._closers.append(closer)
+
     def close(self) -> None:
+        for closer in self._closers:
+            closer()
         if self._redis is not None:
             self._redis.stop()
         if self._pg_server is not None:
@@ -212,7 +219,7 @@ class Session:
         env = {key: value for key, value in os.environ.items() if key not in _DROP_ENV}
         paths = [str(envs.SITES)]
         if adapter.needs_repo:
-            paths.append(str(envs.REPO))
+            paths.append(str(adapter.source or envs.REPO))
         env.update(database.env())
         env.update(
             {

@@ -9,7 +9,24 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import bloat, ceiling, coexist, drain, enqueue, hosts, latency, limits, memory, pausing, profile, scale, scaling, workflows
+from . import (
+    anatomy,
+    bloat,
+    ceiling,
+    coexist,
+    drain,
+    enqueue,
+    hosts,
+    latency,
+    limits,
+    memory,
+    pausing,
+    profile,
+    scale,
+    scaling,
+    wakeup,
+    workflows,
+)
 
 ALL: dict[str, ModuleType] = {
     module.NAME: module
@@ -28,9 +45,11 @@ ALL: dict[str, ModuleType] = {
         pausing,
         workflows,
         profile,
+        anatomy,
+        wakeup,
     )
 }
-# A plain full run leaves out the profiler, which slows the worker it watches.
+# A plain full run leaves out the profiler and the anatomy, which slow the worker they watch.
 DEFAULT = [
     "enqueue",
     "drain",

@@ -117,11 +117,17 @@ def measure(
     jobs: int = JOBS,
     gap_ms: int = GAP_MS,
     settle_s: float = 2.0,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Start a worker, let it idle ``settle_s``, then time ``jobs`` enqueues ``gap_ms`` apart from commit to start."""
+    """Start a worker, let it idle ``settle_s``, then time ``jobs`` enqueues ``gap_ms`` apart from commit to start.
+
+    ``env`` goes to the worker and the producer (a variant of the system's settings), ``producer_env``
+    to the producer alone.
+    """
+    producer_env = (env or {}) | (producer_env or {})
     with session.fresh_database(adapter, database, f"latency-r{repeat}") as db:
         tick_file = session.ticks_file(f"{adapter.name}-latency")
-        group = session.start_workers(adapter, db, CONCURRENCY, tick_file)
+        group = session.start_workers(adapter, db, CONCURRENCY, tick_file, extra_env=env)
         group.start_sampling(0.5)
         metrics: dict[str, Any] = {}
         try:

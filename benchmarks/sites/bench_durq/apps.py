@@ -12,3 +12,8 @@ class BenchDurqConfig(AppConfig):
             from . import claim_log
 
             claim_log.install(path)
+        path = os.environ.get("BENCH_ANATOMY")
+        if path:
+            from . import anatomy
+
+            anatomy.install(path)

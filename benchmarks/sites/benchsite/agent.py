@@ -63,11 +63,14 @@ def cmd_latency(args):
     setup_django()
     module = ops()
     commits = []
+    calls = []
     gap = args.gap_ms / 1000
     next_at = time.monotonic()
     for i in range(args.n):
+        called = time.time()
         module.enqueue_one(i)
         commits.append((i, time.time()))
+        calls.append((i, called))
         next_at += gap
         pause = next_at - time.monotonic()
         if pause > 0:
@@ -76,6 +79,9 @@ def cmd_latency(args):
             next_at = time.monotonic()
     with open(args.out, "w") as handle:
         json.dump(commits, handle)
+    if args.calls_out:  # when each enqueue call began (the wakeup workload)
+        with open(args.calls_out, "w") as handle:
+            json.dump(calls, handle)
     return {"n": args.n}
 
 
@@ -245,6 +251,7 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--gap-ms", type=float, default=20)
     p.add_argument("--out", required=True)
+    p.add_argument("--calls-out", help="also write when each enqueue call began")
     p.set_defaults(func=cmd_latency)
     p = sub.add_parser("writer")
     p.add_argument("--seconds", type=float, default=10)
