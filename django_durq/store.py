@@ -81,6 +81,7 @@ class Store:
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` due jobs; ``limits`` (a pool whose queue has any) claims limited jobs too."""
         hooks.jitter("claim")
+        hooks.reach("in_claim", 0)  # a claim of a pool holding no completions, before its statement
         return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock))
 
     def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
