@@ -12,8 +12,11 @@ Process tests use the fault suite's short settings (lease 2 s, heartbeat 0.5 s, 
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, connections, transaction
@@ -23,7 +26,7 @@ from django_durq.db.checks import database_now_ms
 from django_durq.models import Job
 from django_durq.store import Store
 from tests.conftest import wait_until
-from tests.faults.conftest import LEASE_S, one_leg, only_on
+from tests.faults.conftest import LEASE_S, one_leg, only_on, sqlite_path
 from tests.ledger import jobs
 from tests.ledger.models import Effect
 
@@ -151,6 +154,60 @@ def test_a_row_lock_on_one_leased_job_stops_claims_but_not_the_other_renewals(fa
     assert [row(job_id).claim_token for job_id in (locked.pk, other.pk)] == [1, 1], worker.output()
     assert Effect.objects.get(job_id=locked.pk).tag == "reasons:lease at risk"
     assert Effect.objects.get(job_id=other.pk).tag == "reasons:", "a renewal held up by another job's row"
+
+
+@contextlib.contextmanager
+def writes_locked_out() -> Iterator[None]:
+    """Another connection keeps every other from writing to the job table for the block.
+
+    PostgreSQL and MariaDB: a table lock that lets reads through; SQLite: the database's write lock.
+    """
+    if connection.vendor == "sqlite":
+        holder = sqlite3.connect(sqlite_path(), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute("LOCK TABLE durq_job IN SHARE MODE")
+                else:
+                    cursor.execute("LOCK TABLES durq_job READ")
+                taken.set()
+                release.wait(30)
+                if connection.vendor == "mysql":
+                    cursor.execute("UNLOCK TABLES")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert taken.wait(10)
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+@pytest.mark.processes
+@one_leg
+def test_a_renewal_that_a_lock_holds_up_fails_within_its_bound_instead_of_hanging(faults):
+    running = jobs.lease_watch.enqueue(seconds=6.0)
+    worker = faults.spawn_ready("--queue", "default:1")
+    wait_until(lambda: status(running.pk) == "running", 30, "the job to start")
+    with writes_locked_out():
+        # The keeper's bound is its tick (0.5 s here): well within the lease the lock outlasts.
+        wait_until(lambda: "could not renew" in worker.output(), LEASE_S, "the held-up renewal to give up")
+    wait_until(lambda: Effect.objects.filter(job_id=running.pk).exists(), 30, "the job to finish")
+    assert row(running.pk).claim_token == 1
 
 
 # --- the server's clock ----------------------------------------------------------------------------

@@ -101,7 +101,6 @@ def test_each_enqueue_wakes_one_idle_worker_and_a_busy_one_passes_it_on(faults):
         assert logs.count("bell: claiming it here") <= count, logs[-3000:]
 
 
-
 @only_on("sqlite")  # MariaDB's watchers also read new ids: every idle worker there finds the job by itself
 def test_a_ring_that_comes_while_the_worker_claims_enough_to_fill_it_goes_on_to_an_idle_worker(faults, monkeypatch):
     """A ring taken during a claim is a promise to claim that job: a pool the claim fills passes it on."""
