@@ -106,6 +106,10 @@ class AttemptBook:
             if self._attempts.get(attempt.lease) is attempt:
                 del self._attempts[attempt.lease]
 
+    def holds(self, lease: Lease) -> bool:
+        with self._lock:
+            return lease in self._attempts
+
     def snapshot(self) -> list[Attempt]:
         with self._lock:
             return list(self._attempts.values())

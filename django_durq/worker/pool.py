@@ -434,13 +434,18 @@ class Pool:
         return jobs
 
     def bury_expired(self, now: int) -> int:
-        """Jobs whose worker died on their last attempt become dead letters (no claim can take them)."""
+        """Jobs whose worker died on their last attempt become dead letters (no claim can take them).
+
+        An attempt this process still holds is not one of them, however late its renewal.
+        """
         runtime = self.runtime
         if not self.gate.lost_possible(now, fresh_s=2 * runtime.poll_s):
             return 0
         expired = runtime.store.retrying("scan expired", lambda d: d.expired_final_attempts(self.queue, now))
         buried = 0
         for job_id, token, name, attempts, errors, holder in expired:
+            if runtime.book.holds((job_id, token)):
+                continue  # its handler runs here, only its renewal is late: never a lost worker's
             buried += self.executor.bury_lost(self.queue, (job_id, token), name, attempts, errors, holder) == DEAD
         return buried
 

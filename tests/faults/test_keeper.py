@@ -116,6 +116,22 @@ def test_a_worker_whose_lease_keeper_stalls_past_a_lease_neither_takes_its_job_b
 
 @pytest.mark.processes
 @one_leg
+def test_a_worker_whose_lease_keeper_stalls_does_not_bury_its_own_last_attempt(faults):
+    """The monitor buries last attempts whose worker died: never one whose handler runs here."""
+    queued = jobs.sleeper.using(max_attempts=1).enqueue(seconds=5.0)
+    worker = faults.spawn_ready("--queue", "default:1", hooks=True)
+    wait_until(lambda: status(queued.pk) == "running", 30, "the job to start")
+    faults.gates.close("in_heartbeat")
+    faults.gates.wait("in_heartbeat", queued.pk)
+    expires = row(queued.pk).lease_expires_ms
+    wait_until(lambda: now_ms() > expires + 1_500, 10, "the unrenewed lease to run out")  # six of the monitor's looks
+    faults.gates.open("in_heartbeat")
+    wait_until(lambda: status(queued.pk) in ("finished", "dead"), 30, "the job to end")
+    assert (status(queued.pk), row(queued.pk).claim_token) == ("finished", 1), worker.output()
+
+
+@pytest.mark.processes
+@one_leg
 @only_on("postgres", "mysql")  # SQLite has no row locks: a writer holds the whole file
 def test_a_row_lock_on_one_leased_job_stops_claims_but_not_the_other_renewals(faults):
     """Another transaction holds one running job's row for longer than its lease.
