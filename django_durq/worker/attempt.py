@@ -92,7 +92,8 @@ class AttemptBook:
 
     def hold_claims(self) -> None:
         """After a renewal failed: no claim until one gets through."""
-        self.claims_until = -math.inf
+        with self._lock:  # not lost to a claim adding its attempts meanwhile
+            self.claims_until = -math.inf
 
     def remove_many(self, attempts: list[Attempt]) -> None:
         with self._lock:
