@@ -126,6 +126,17 @@ class ShiftedClock:
         return self.base.now_ms() + self.offset_ms
 
 
+class CappedClock:
+    """``base``, never read past ``until_ms``: a bound a caller must not cross, however late it reads."""
+
+    def __init__(self, base: Clock, until_ms: int) -> None:
+        self.base = base
+        self.until_ms = until_ms
+
+    def now_ms(self) -> int:
+        return min(self.base.now_ms(), self.until_ms)
+
+
 def database_clock(alias: str | None = None, base: Clock | None = None, refresh_s: float = 30.0) -> Clock:
     """A :class:`ServerClock` reading the queue's database (``DURQ["DATABASE"]`` by default).
 

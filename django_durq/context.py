@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .clock import Clock
 
 if TYPE_CHECKING:
-    from .db import ClaimedJob
+    from .db import ClaimedJob, Renewal
     from .store import Store
 
 LEASE_LOST = "lease lost"
@@ -112,25 +112,31 @@ class JobContext:
         if self.lease_lost:
             return False
         asked = time.monotonic()
-        held = self._store.renew([self.lease], self._clock)
-        self.apply_renewal(held, asked)
+        renewal = self._store.renew([self.lease], self._clock)
+        self.apply_renewal(renewal, asked)
         return not self.lease_lost
 
-    def apply_renewal(self, held: dict[tuple[int, int], bool], asked: float) -> None:
+    def apply_renewal(self, renewal: Renewal, asked: float) -> None:
         """Record what a (batched) renewal sent at monotonic time ``asked`` said about this lease.
 
         A renewal sets the lease to at least its start + the lease length, so it confirms the
-        lease until ``asked`` + the lease length on this process's clock.
+        lease until ``asked`` + the lease length on this process's clock. A lease the renewal
+        found busy (its row locked by another transaction) is neither confirmed nor lost.
         """
-        if self.lease in held:
-            self.stop_requested = self.stop_requested or held[self.lease]
+        if self.lease in renewal.renewed:
+            self.stop_requested = self.stop_requested or renewal.renewed[self.lease]
             self.confirmed_until = max(self.confirmed_until, asked + self.lease_ms / 1000)
-        elif not self.settled:
+        elif self.lease not in renewal.busy and not self.settled:
             self.lease_lost = True
+
+    @property
+    def at_risk_from(self) -> float:
+        """The monotonic second from which this lease is at risk unless a renewal confirms it again."""
+        return self.confirmed_until - self._margin_s
 
     def lease_at_risk(self) -> bool:
         """No renewal got through for long enough that the lease may lapse before the next one."""
-        return time.monotonic() >= self.confirmed_until - self._margin_s
+        return time.monotonic() >= self.at_risk_from
 
     def stop_reason(self) -> str | None:
         if self.lease_lost:

@@ -16,7 +16,7 @@ import os
 import random
 import time
 
-POINTS = ("after_claim", "before_complete", "in_heartbeat")
+POINTS = ("after_claim", "before_complete", "in_heartbeat", "in_claim")
 
 
 def reach(point: str, job_id: int | str) -> None:

@@ -18,7 +18,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from . import hooks
 from .clock import Clock
-from .db import ClaimedJob, Dialect, Lease, dialect_for
+from .db import ClaimedJob, Dialect, Lease, Renewal, dialect_for
 from .limits import QueueLimits
 
 logger = logging.getLogger("django_durq")
@@ -81,14 +81,20 @@ class Store:
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` due jobs; ``limits`` (a pool whose queue has any) claims limited jobs too."""
         hooks.jitter("claim")
+        hooks.reach("in_claim", 0)  # a claim of a pool holding no completions, before its statement
         return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock))
 
     def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
         return self.retrying("probe", lambda d: d.due_times(queue))
 
-    def renew(self, leases: Sequence[Lease], clock: Clock, give_up_after_s: float = 120.0) -> dict[Lease, bool]:
-        """Renew leases from ``now`` as read right before each try: a retry never writes a stale time."""
-        return self.retrying("heartbeat", lambda d: d.renew(leases, clock.now_ms()), give_up_after_s)
+    def renew(self, leases: Sequence[Lease], clock: Clock, bound_s: float | None = None) -> Renewal:
+        """Renew leases from ``now`` as read right before each try: a retry never writes a stale time.
+
+        With ``bound_s``, each try waits at most that long for a lock and the renewal gives up
+        (raising) once that much time has passed: a renewal that hangs is a failed renewal.
+        """
+        bound_ms = None if bound_s is None else max(1, round(bound_s * 1000))
+        return self.retrying("heartbeat", lambda d: d.renew(leases, clock.now_ms(), bound_ms), bound_s or 120.0)
 
 
 def _drop_connection(connection: object) -> None:

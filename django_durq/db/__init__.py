@@ -8,9 +8,9 @@ from __future__ import annotations
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .base import ClaimedJob, Dialect, Lease
+from .base import ClaimedJob, Dialect, Lease, Renewal
 
-__all__ = ["ClaimedJob", "Dialect", "Lease", "dialect_for", "exclusivity"]
+__all__ = ["ClaimedJob", "Dialect", "Lease", "Renewal", "dialect_for", "exclusivity"]
 
 # Imported on first use: a site on PostgreSQL never loads the sqlite3 module and its library.
 _DIALECTS: dict[str, type[Dialect]] = {}

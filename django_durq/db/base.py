@@ -12,7 +12,7 @@ import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -79,6 +79,19 @@ class ClaimedJob:
 
 
 Lease = tuple[int, int]  # (job id, claim token)
+
+
+@dataclass
+class Renewal:
+    """What one renewal of a batch of leases found.
+
+    ``renewed``: the leases it extended, each with whether an operator asked its job to stop.
+    ``busy``: leases still held whose row another transaction had locked, left as they were for
+    the next renewal rather than waited for. A lease in neither is lost (taken over or deleted).
+    """
+
+    renewed: dict[Lease, bool]
+    busy: set[Lease] = field(default_factory=set)
 
 
 def own_connection(wrapper: BaseDatabaseWrapper) -> Any:
@@ -255,21 +268,23 @@ class Dialect:
         )
         return rows[0][0], rows[0][1], rows[0][2]
 
-    def renew(self, leases: Sequence[Lease], now_ms: int) -> dict[Lease, bool]:
-        """Extend leases to at least ``now_ms`` + their length; {lease: stop requested} for those still held.
+    def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
+        """Extend leases to at least ``now_ms`` + their length, each matched by its own (id, token).
 
         A lease only ever moves forward: a renewal that arrives late (its ``now`` read before a
-        stall) cannot shorten a lease that a later renewal or claim set.
+        stall) cannot shorten a lease that a later renewal or claim set. ``bound_ms`` bounds how
+        long the renewal may wait for a lock (None: as long as the connection waits); a renewal
+        that reaches it fails like one the database refused.
         """
         if not leases:
-            return {}
+            return Renewal({})
         held, params = self.held_many(leases)
         self.execute(
             f"UPDATE {JOB} SET lease_expires_ms = {self.greatest}(lease_expires_ms, %s + lease_ms) WHERE {held}",
             [now_ms, *params],
         )
         rows = self.fetchall(f"SELECT id, claim_token, stop_requested FROM {JOB} WHERE {held}", params)
-        return {(row[0], row[1]): bool(row[2]) for row in rows}
+        return Renewal({(row[0], row[1]): bool(row[2]) for row in rows})
 
     def complete(self, leases: Sequence[Lease]) -> set[Lease]:
         """Delete finished jobs (the default: nothing kept); returns the leases that were still held."""

@@ -145,7 +145,10 @@ def database_now_ms(connection: BaseDatabaseWrapper) -> float | None:
         if connection.vendor == "postgresql":
             cursor.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp()) * 1000")
         elif connection.vendor == "mysql":
-            cursor.execute("SELECT UNIX_TIMESTAMP(NOW(6)) * 1000")
+            # UTC_TIMESTAMP less the epoch, in microseconds: plain arithmetic. UNIX_TIMESTAMP(NOW(6))
+            # goes through the session's time zone, and in the hour a fall-back repeats it answers an
+            # hour early (SYSTEM, or any zone with daylight saving time).
+            cursor.execute("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) / 1000")
         else:
             return None
         return float(cursor.fetchone()[0])

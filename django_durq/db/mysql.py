@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal
 
 _COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
 
@@ -126,6 +126,32 @@ class MySQLDialect(Dialect):
             job.reclaimed_from = previous_holder if previous_status == "running" else None
             jobs.append(job)
         return jobs
+
+    def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
+        """Extend the leases whose rows no other transaction holds: lock those, then update them.
+
+        As on PostgreSQL, a row another transaction has locked is skipped, not waited for, and
+        reported ``busy`` while still held; ``bound_ms`` caps each statement (``max_statement_time``).
+        """
+        if not leases:
+            return Renewal({})
+        held, params = self.held_many(leases)
+        bound = "" if bound_ms is None else f"SET STATEMENT max_statement_time = {bound_ms / 1000:.3f} FOR "
+        with transaction.atomic(using=self.connection.alias):
+            pick = f"{bound}SELECT id, claim_token, stop_requested FROM {JOB} WHERE {held} FOR UPDATE SKIP LOCKED"
+            rows = self.fetchall(pick, params)
+            renewed = {(row[0], row[1]): bool(row[2]) for row in rows}
+            if rows:
+                marks = ", ".join(["%s"] * len(rows))
+                self.execute(
+                    f"{bound}UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms) WHERE id IN ({marks})",
+                    [now_ms, *(row[0] for row in rows)],
+                )
+            busy: set[Lease] = set()
+            if len(renewed) < len(set(leases)):
+                busy = {(row[0], row[1]) for row in self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE {held}", params)}
+                busy -= renewed.keys()
+        return Renewal(renewed, busy)
 
     @contextlib.contextmanager
     def dedupe_turn(self, key: str) -> Iterator[None]:

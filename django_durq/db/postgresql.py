@@ -14,10 +14,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
-from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, own_connection
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal, own_connection
 
 # What a claim writes: its parameters are the worker, then the claim time twice.
 _TAKE = f"""UPDATE {JOB} AS job SET
@@ -89,13 +90,24 @@ NOTIFY_CHANNEL = "durq"
 # How long the LISTEN probe waits for its own NOTIFY: a direct connection hears it within milliseconds.
 PROBE_WAIT_S = 2.0
 
-# Pairs arrive as arrays, so the statement text is the same for every batch size. A row is
-# running exactly while its lease_expires_ms is set; testing that instead of the status keeps
-# the planner on primary-key lookups: "status = 'running'" would let it pick the partial lease
-# index, and with statistics gathered while nothing ran it then rescans the pairs per row.
+# Pairs arrive as arrays, so the statement text is the same for every batch size. A row matches
+# only its own pair: two attempts of one job (a stale one still in this process's book and the
+# one the database holds) each name their own token. A row is running exactly while its
+# lease_expires_ms is set; testing that instead of the status keeps the planner on primary-key
+# lookups: "status = 'running'" would let it pick the partial lease index, and with statistics
+# gathered while nothing ran it then rescans the pairs per row.
 _HELD = (
-    "lease_expires_ms IS NOT NULL AND id = ANY(%s::bigint[]) AND claim_token = (%s::bigint[])[array_position(%s::bigint[], id)]"
+    f"lease_expires_ms IS NOT NULL AND id = ANY(%s::bigint[]) AND EXISTS (SELECT FROM unnest(%s::bigint[], %s::bigint[])"
+    f" AS pair(id, token) WHERE pair.id = {JOB}.id AND pair.token = {JOB}.claim_token)"
 )
+
+# A renewal locks the rows it extends and skips those another transaction holds (see ``renew``).
+_RENEW = f"""UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms)
+WHERE id = ANY(ARRAY(SELECT id FROM {JOB} WHERE {_HELD} FOR UPDATE SKIP LOCKED))
+RETURNING id, claim_token, stop_requested"""
+_STILL_HELD = f"SELECT id, claim_token FROM {JOB} WHERE {_HELD}"
+# For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past the bound.
+_BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
 
 
 class PostgreSQLDialect(Dialect):
@@ -164,7 +176,29 @@ class PostgreSQLDialect(Dialect):
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = [job_id for job_id, _ in leases]
-        return _HELD, [ids, [token for _, token in leases], ids]
+        return _HELD, [ids, ids, [token for _, token in leases]]
+
+    def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
+        """Extend the leases whose rows no other transaction holds, in one statement.
+
+        A row another transaction has locked (a user's ``select_for_update()``, an operator's
+        action) is skipped, not waited for: one lock cannot hold up every other lease this
+        process renews. A skipped lease still held is reported ``busy`` and renewed next time.
+        """
+        if not leases:
+            return Renewal({})
+        _, params = self.held_many(leases)
+        # Set only in a transaction of the renewal's own: a caller's would keep the settings.
+        bounded = bound_ms is not None and not self.connection.in_atomic_block
+        with transaction.atomic(using=self.connection.alias):
+            if bounded:
+                self.fetchall(_BOUND, [str(bound_ms)] * 2)
+            rows = self.fetchall(_RENEW, [now_ms, *params])
+            renewed = {(row[0], row[1]): bool(row[2]) for row in rows}
+            busy: set[Lease] = set()
+            if len(renewed) < len(set(leases)):
+                busy = {(row[0], row[1]) for row in self.fetchall(_STILL_HELD, params)} - renewed.keys()
+        return Renewal(renewed, busy)
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

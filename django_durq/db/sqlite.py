@@ -11,7 +11,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 
-from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal
 
 # What a claim writes: its parameters are the worker, then the claim time twice.
 _TAKE = f"""
@@ -94,6 +94,23 @@ class SQLiteDialect(Dialect):
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _HELD, [json.dumps(leases)]
+
+    def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
+        """The shared renewal, waiting for the database's write lock at most ``bound_ms``.
+
+        SQLite has no row locks: a renewal waits for whichever connection writes, up to the
+        connection's busy timeout, which this shortens for the renewal and then puts back.
+        """
+        if bound_ms is None:
+            return super().renew(leases, now_ms)
+        waits = int(self.fetchall("PRAGMA busy_timeout")[0][0])
+        if waits <= bound_ms:
+            return super().renew(leases, now_ms)
+        self.execute(f"PRAGMA busy_timeout = {int(bound_ms)}")
+        try:
+            return super().renew(leases, now_ms)
+        finally:
+            self.execute(f"PRAGMA busy_timeout = {waits}")
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

@@ -9,11 +9,13 @@ lease keeper renews exactly what the book holds.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..clock import CappedClock, Clock
 from ..context import JobContext
 from ..db import ClaimedJob, Lease
 
@@ -48,16 +50,50 @@ class Attempt:
 
 
 class AttemptBook:
-    """Every attempt this process holds a lease for, by lease; thread-safe."""
+    """Every attempt this process holds a lease for, by lease; thread-safe.
+
+    It also says until when this process may claim (``claims_until``): until the first moment a
+    lease it holds turns at risk, three quarters of the lease after the database last confirmed
+    it. A claim reads its time before it checks that moment, so no lease this process holds has
+    expired at the claim's time, and its expired branch can never take back a job this process
+    still holds. A claim adds its attempts (moving the moment earlier if their leases are short);
+    a renewal that gets through moves it on (``reconfirm``); one that fails stops claims at once
+    (``hold_claims``); a renewal that hangs stops them when the moment comes.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._attempts: dict[Lease, Attempt] = {}
+        self.claims_until = math.inf  # monotonic second; read without the lock (one float)
 
     def add(self, attempts: list[Attempt]) -> None:
         with self._lock:
             for attempt in attempts:
                 self._attempts[attempt.lease] = attempt
+                self.claims_until = min(self.claims_until, attempt.ctx.at_risk_from)
+
+    def may_claim(self, now_mono: float) -> bool:
+        """Whether a claim whose time was read before monotonic second ``now_mono`` may go ahead."""
+        return now_mono < self.claims_until
+
+    def reconfirm(self) -> None:
+        """After a renewal got through: claims go on until the first lease still held turns at risk."""
+        with self._lock:
+            live = (attempt.ctx.at_risk_from for attempt in self._attempts.values() if not attempt.ctx.lease_lost)
+            self.claims_until = min(live, default=math.inf)
+
+    def claim_clock(self, clock: Clock) -> Clock:
+        """``clock``, read no later than the claim bound: for a claim that reads the time again."""
+        remaining_s = self.claims_until - time.monotonic()
+        if remaining_s == math.inf:
+            return clock
+        # Past the bound already (a renewal failed meanwhile): the claim keeps the time it read.
+        return CappedClock(clock, clock.now_ms() + math.floor(remaining_s * 1000) if remaining_s > 0 else 0)
+
+    def hold_claims(self) -> None:
+        """After a renewal failed: no claim until one gets through."""
+        with self._lock:  # not lost to a claim adding its attempts meanwhile
+            self.claims_until = -math.inf
 
     def remove_many(self, attempts: list[Attempt]) -> None:
         with self._lock:
@@ -70,6 +106,10 @@ class AttemptBook:
         with self._lock:
             if self._attempts.get(attempt.lease) is attempt:
                 del self._attempts[attempt.lease]
+
+    def holds(self, lease: Lease) -> bool:
+        with self._lock:
+            return lease in self._attempts
 
     def snapshot(self) -> list[Attempt]:
         with self._lock:

@@ -6,10 +6,11 @@ database server's clock (see ``clock.ServerClock``) as it goes. It runs no user 
 reaps nothing and writes no counters, so a slow signal receiver, a long completion batch or a
 stuck dispatcher cannot make a healthy job's lease lapse.
 
-When renewals stop getting through (the database is unreachable, or this thread itself was
-stalled), each attempt's context sees its confirmed lease running out and ``should_stop()``
-turns true ("lease at risk") a margin before the database could give the job away; the process
-also stops claiming until a renewal succeeds again.
+When renewals stop getting through (the database is unreachable, a lock holds the renewal up
+past its bound, or this thread itself was stalled), each attempt's context sees its confirmed
+lease running out and ``should_stop()`` turns true ("lease at risk") a margin before the database
+could give the job away. From that same moment the process claims nothing (``AttemptBook``),
+and after a renewal that failed it claims nothing until one succeeds again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from .. import hooks
+from .. import hooks, wakeup
 from ..clock import ServerClock
 from .attempt import RUNNING
 
@@ -74,14 +75,15 @@ class LeaseKeeper:
             connections.close_all()
 
     def renew_once(self) -> bool:
-        """Renew every lease in the book; False when the renewal could not get through."""
+        """Renew every lease in the book; False when the renewal could not get through in time."""
         runtime = self.runtime
+        book = runtime.book
         clock = runtime.clock
         if isinstance(clock, ServerClock):
             clock.measure(quiet=True)  # the database's clock, re-read at every renewal
-        attempts = runtime.book.snapshot()
+        attempts = book.snapshot()
         if not attempts:
-            runtime.leases_confirmed()
+            self._reconfirmed()
             return True
         for attempt in attempts:
             if attempt.state == RUNNING:
@@ -90,15 +92,26 @@ class LeaseKeeper:
         leases = [attempt.lease for attempt in attempts]
         asked = time.monotonic()
         try:
-            # Give up in time for the next tick: a renewal that gets through late confirms nothing.
-            held = runtime.store.renew(leases, runtime.clock, give_up_after_s=self._tick_s())
+            # Bounded by the next tick: a renewal that gets through late confirms nothing, and
+            # one that hangs (a lock, a stalled server) must fail in time to be tried again.
+            renewal = runtime.store.renew(leases, clock, bound_s=self._tick_s())
         except Exception as error:  # noqa: BLE001 - the contexts see their leases run out
             logger.warning("durq: could not renew %d lease(s): %s; claiming paused until a renewal succeeds", len(leases), error)
-            runtime.leases_at_risk()
+            book.hold_claims()
             return False
         for attempt in attempts:
-            attempt.ctx.apply_renewal(held, asked)
+            attempt.ctx.apply_renewal(renewal, asked)
             if attempt.ctx.lease_lost and attempt.state == RUNNING:
                 logger.warning("durq: job %s lost its lease (taken over or deleted)", attempt.job.id)
-        runtime.leases_confirmed()
+        if renewal.busy:
+            logger.debug("durq: %d lease(s) not renewed this time: another transaction holds their rows", len(renewal.busy))
+        self._reconfirmed()
         return True
+
+    def _reconfirmed(self) -> None:
+        """Move the claim bound on after a renewal; wake the pools if it had stopped their claims."""
+        book = self.runtime.book
+        held = not book.may_claim(time.monotonic())
+        book.reconfirm()
+        if held and book.may_claim(time.monotonic()):
+            wakeup.notify_all()

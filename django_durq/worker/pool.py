@@ -94,6 +94,7 @@ class Pool:
         self._low_water = 0  # a slot that leaves this many buffered jobs kicks the dispatcher
         self._named = False  # a wake-up named this queue since the dispatcher last looked
         self._offered = 0  # jobs this pool said it had a free slot for since then (see _wake)
+        self._claiming = 0  # slots the dispatcher's claim in flight may fill (see _wake)
         self._serialized = runtime.store.dialect.serialized_writes
         self._write_free_at = 0.0  # monotonic time before which the dispatcher leaves the write lock alone
         self._sharing_until = 0.0  # another connection wrote lately: share the write lock until then
@@ -125,15 +126,17 @@ class Pool:
         """Called by ``wakeup``; ``named`` when a notification named this queue (a job was queued).
 
         True when a slot is free for the job, counting the jobs already offered since the
-        dispatcher last looked: a ring this pool cannot serve at once goes on to another worker.
+        dispatcher last looked and the slots its claim in flight may fill: a ring this pool cannot
+        serve at once goes on to another worker. A claim in flight read its time before the ring
+        came, so it may not see the job as due; once it is in, the pool looks again (``_named``).
         """
         room = False
         if named:
             runtime = self.runtime
             with self._lock:
                 self._named = True
-                if not runtime.stop_claiming.is_set() and runtime.leases_ok.is_set():
-                    room = self._busy + len(self._ready) + self._offered < self.concurrency
+                if not runtime.stop_claiming.is_set() and runtime.book.may_claim(time.monotonic()):
+                    room = self._busy + len(self._ready) + self._offered + self._claiming < self.concurrency
                     self._offered += room
         self.kick.set()
         return room
@@ -181,6 +184,7 @@ class Pool:
         wait_s = 0.0
         try:
             while not runtime.stop_claiming.is_set():
+                self._claiming = 0  # no claim in flight from here until the next look
                 if wait_s > 0:
                     self.kick.wait(wait_s)
                     if runtime.stop_claiming.is_set():
@@ -205,9 +209,8 @@ class Pool:
                 want = target - held
                 # Refill once the buffer is half used (at once when it only covers free slots).
                 self._low_water = (target - self.concurrency) // 2
-                # While leases could not be confirmed, claim nothing: a job taken now might be
-                # given to another worker before this process can renew it.
-                refill = want > 0 and ready <= self._low_water and runtime.leases_ok.is_set()
+                # While a lease this process holds is unconfirmed, claim nothing (see AttemptBook).
+                refill = want > 0 and ready <= self._low_water and runtime.book.may_claim(now_mono)
                 overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
                 flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
                 if ready:
@@ -226,6 +229,7 @@ class Pool:
                 now = runtime.clock.now_ms()
                 with self._lock:
                     named, self._named, self._offered = self._named, False, 0
+                    self._claiming = want if refill else 0
                 # A notification naming this queue means a job was just queued: claim without
                 # probing first. Otherwise probe with a read, so an idle poll takes no write lock.
                 probed_due = False
@@ -244,6 +248,8 @@ class Pool:
                 sharing = self._serialized and time.monotonic() < self._sharing_until
                 if sharing:
                     want = min(want, SERIALIZED_CLAIM_MAX)
+                # Checked after the claim's time was read: no lease this process holds has expired at it.
+                refill = refill and runtime.book.may_claim(time.monotonic())
                 limit = runtime.claim_budget(want) if refill and want > 0 else 0
                 write_started = time.monotonic()
                 jobs = self._record_completions(self._take_completions(), [limit, now] if limit else [])
@@ -383,8 +389,10 @@ class Pool:
         self._prepare_connection()
         limit, now = claim if claim else (0, 0)
         limits = self.gate.claim_limits
+        # A limited claim reads the time again once it has its turn: never past the book's bound.
+        clock = runtime.clock if limits is None else runtime.book.claim_clock(runtime.clock)
         if not completions:
-            return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, runtime.clock) if limit > 0 else []
+            return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, clock) if limit > 0 else []
         leases = [attempt.lease for attempt in completions if attempt.finished_ms is None]
         kept = [(a.lease, a.finished_ms, a.stored) for a in completions if a.finished_ms is not None]
         first_try = time.monotonic()
@@ -394,7 +402,7 @@ class Pool:
             nonlocal tries
             tries += 1
             hooks.jitter("complete")
-            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id, kept, limits, runtime.clock)
+            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock)
 
         try:
             done, jobs = runtime.store.retrying("complete", complete_and_claim)
@@ -426,13 +434,18 @@ class Pool:
         return jobs
 
     def bury_expired(self, now: int) -> int:
-        """Jobs whose worker died on their last attempt become dead letters (no claim can take them)."""
+        """Jobs whose worker died on their last attempt become dead letters (no claim can take them).
+
+        An attempt this process still holds is not one of them, however late its renewal.
+        """
         runtime = self.runtime
         if not self.gate.lost_possible(now, fresh_s=2 * runtime.poll_s):
             return 0
         expired = runtime.store.retrying("scan expired", lambda d: d.expired_final_attempts(self.queue, now))
         buried = 0
         for job_id, token, name, attempts, errors, holder in expired:
+            if runtime.book.holds((job_id, token)):
+                continue  # its handler runs here, only its renewal is late: never a lost worker's
             buried += self.executor.bury_lost(self.queue, (job_id, token), name, attempts, errors, holder) == DEAD
         return buried
 

@@ -66,11 +66,9 @@ class Runtime:
         # Wakes the supervisor's main thread (a stop was requested, a pool finished): set by it.
         self.wake_main: Callable[[], None] = lambda: None
         self.stop_reason = ""
-        # Every attempt this process holds a lease for; the lease keeper renews exactly these.
+        # Every attempt this process holds a lease for; the lease keeper renews exactly these. It
+        # also says until when this process may claim (``book.may_claim``).
         self.book = AttemptBook()
-        # Set while renewals get through; claiming waits while it is clear.
-        self.leases_ok = threading.Event()
-        self.leases_ok.set()
         self.keeper_kick: Callable[[], None] = lambda: None
         # Writes this worker's row anew (now_ms, jobs done): set by the supervisor.
         self.register: Callable[[int, int], None] = lambda now_ms, jobs_done: None
@@ -105,12 +103,6 @@ class Runtime:
 
     def stop_cause(self) -> str:
         return self.stop_reason
-
-    def leases_at_risk(self) -> None:
-        self.leases_ok.clear()
-
-    def leases_confirmed(self) -> None:
-        self.leases_ok.set()
 
     def stop_on_signal(self, reason: str) -> None:
         """``request_stop()`` for a signal handler, which takes no lock the main thread may hold.

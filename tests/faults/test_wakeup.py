@@ -7,6 +7,7 @@ its bell, so on MariaDB only its watcher's reads of the job ids find the job.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 from django.db import connections, transaction
 
-from django_durq.models import Job
+from django_durq.models import Job, WorkerProcess
 from tests.conftest import db_vendor, wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Effect
@@ -98,3 +99,27 @@ def test_each_enqueue_wakes_one_idle_worker_and_a_busy_one_passes_it_on(faults):
         # was rung (no "claiming it here"), and a worker already claiming passes a ring on: a
         # ring is still never taken by two workers.
         assert logs.count("bell: claiming it here") <= count, logs[-3000:]
+
+
+@only_on("sqlite")  # MariaDB's watchers also read new ids: every idle worker there finds the job by itself
+def test_a_ring_that_comes_while_the_worker_claims_enough_to_fill_it_goes_on_to_an_idle_worker(faults, monkeypatch):
+    """A ring taken during a claim is a promise to claim that job: a pool the claim fills passes it on."""
+    from django_durq import doorbell
+
+    first = faults.spawn_ready("--queue", "default:1", "--verbosity", "2", hooks=True, env=SLOW_POLL)
+    root = doorbell.directory("default")
+    assert root is not None
+    first_bell = WorkerProcess.objects.get(pid=first.pid).worker_id.replace(os.sep, "_") + doorbell.SUFFIX
+    faults.spawn_ready("--queue", "default:1", env=SLOW_POLL)
+    # Each enqueue's ring goes to the first worker, as a random pick may.
+    monkeypatch.setattr(doorbell, "ring", lambda *args, **kwargs: None)
+    faults.gates.close("in_claim")
+    long = jobs.sleeper.enqueue(seconds=15.0)
+    assert doorbell._send(root, first_bell, "default", [])
+    faults.gates.wait("in_claim", 0)  # its claim of the long job is in flight
+    short = jobs.stamp.enqueue(tag="rung during a claim")
+    assert doorbell._send(root, first_bell, "default", [])
+    wait_until(lambda: first.output().count("rang this worker's bell") == 2, 10, "the first worker to answer the ring")
+    faults.gates.open("in_claim")
+    wait_until(lambda: Effect.objects.filter(job_id=short.pk).exists(), 10, "the job rung during a claim to start elsewhere")
+    assert Job.objects.get(pk=long.pk).status == "running"

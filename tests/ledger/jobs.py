@@ -293,6 +293,26 @@ def sleeper(ctx, seconds=30.0):
     record(ctx, "slept")
 
 
+@job(name="tests.overstay", max_attempts=5)
+def overstay(ctx, first=15.0, later=4.0):
+    """Sleeps through any stop request: ``first`` seconds on the first claim, ``later`` on every other."""
+    time.sleep(first if ctx.claim_token == 1 else later)
+    record(ctx, "overstay")
+
+
+@job(name="tests.lease_watch")
+def lease_watch(ctx, seconds=8.0):
+    """Runs ``seconds`` whatever it hears, and records every reason to stop it saw (``reasons:<sorted,…>``)."""
+    seen = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        reason = ctx.stop_reason()
+        if reason is not None:
+            seen.add(reason)
+        time.sleep(0.05)
+    record(ctx, "reasons:" + ",".join(sorted(seen)))
+
+
 @job(name="tests.retry_naive")
 def retry_naive(ctx):
     from datetime import datetime
