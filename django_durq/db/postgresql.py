@@ -100,7 +100,6 @@ _HELD = (
 
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
-    edge_lock = "FOR UPDATE OF d SKIP LOCKED"  # the upstream side of the join may be missing
     exclusivity = "any number of hosts"
     supports_notify = True
     partial_indexes = True
