@@ -303,7 +303,7 @@ def test_retrying_a_dead_member_while_a_sibling_ends_leaves_no_callback_waiting_
 
 @pytest.mark.django_db(transaction=True)
 def test_retrying_a_cancelled_member_while_what_it_waits_for_ends_leaves_it_due(clock):
-    """Issue #29, item 8, through a retried job's own edges (``rewait``)."""
+    """Issue #29, item 8, through the edges of the retried job itself."""
     flow = Workflow("chain")
     first = flow.add(jobs.step, tag="first")
     second = flow.add(jobs.step, tag="second", after=[first])
