@@ -126,26 +126,33 @@ def _settle_round_after_round(dialect: Dialect, now_ms: int, upstream: list[int]
             return  # counted by another settler meanwhile; anything left is the sweep's
         result.edges += len(edges)
         _apply(dialect, edges, dependents, now_ms, result)
+        if len(found) < BATCH:
+            return  # that was every edge left to count
 
 
 def _take_edges(dialect: Dialect, edge_ids: list[int]) -> list[tuple[int, int, int, str]]:
     """Of these edges, those still uncounted with their upstream ended, marked counted: (edge, job, upstream, its end).
 
-    Read under the dependents' locks, so an edge another settler counted meanwhile is not taken
-    again. The read locks nothing more: a lock on an upstream row (MariaDB locks every row a
-    locking join reads) would wait for a retry of that job, which waits for the dependent's lock.
+    Read under the dependents' locks, with a locking read of the edges themselves (it reads the
+    latest rows at any isolation level): an edge another settler counted meanwhile is not taken
+    again. The upstream jobs are read without a lock: one on an upstream row would wait for a
+    retry of that job, which itself waits for the dependent's lock.
     """
-    rows = dialect.fetchall(
-        f"SELECT d.id, d.job_id, d.depends_on_id, u.status FROM {EDGES} d LEFT JOIN {JOB} u ON u.id = d.depends_on_id"
-        f" WHERE d.id IN ({marks(edge_ids)}) AND NOT d.settled AND {_ENDED_SQL}",
+    edges = dialect.fetchall(
+        f"SELECT id, job_id, depends_on_id FROM {EDGES} WHERE id IN ({marks(edge_ids)}) AND NOT settled"
+        f" ORDER BY id {dialect.row_lock}",
         edge_ids,
     )
-    if not rows:
+    if not edges:
         return []
-    dialect.execute(f"UPDATE {EDGES} SET settled = TRUE WHERE id IN ({marks(rows)})", [row[0] for row in rows])
+    upstream = sorted({row[2] for row in edges})
+    ended = dict(dialect.fetchall(f"SELECT id, status FROM {JOB} WHERE id IN ({marks(upstream)})", upstream))
     # An upstream that is gone was deleted once it finished (KEEP_FINISHED = 0 for a job that
     # gained dependents after its claim): its end counts as finished.
-    return [(row[0], row[1], row[2], row[3] or "finished") for row in rows]
+    taken = [(row[0], row[1], row[2], ended.get(row[2], "finished")) for row in edges if ended.get(row[2], "finished") in ENDED]
+    if taken:
+        dialect.execute(f"UPDATE {EDGES} SET settled = TRUE WHERE id IN ({marks(taken)})", [row[0] for row in taken])
+    return taken
 
 
 def _apply(
