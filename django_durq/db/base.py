@@ -112,8 +112,10 @@ class Dialect:
     argument_column = ""
     ordinal_column = ""
 
-    # How a settler (db/dependencies.py) locks the dependents whose edges it counts; empty where
-    # writers are serialized.
+    # How a settler (db/dependencies.py) locks the dependents whose edges it counts, and the edges
+    # it reads once it holds them (no lock needed: only a holder of the dependent's lock changes
+    # them); empty where writers are serialized.
+    edge_lock = ""
     row_lock = "FOR UPDATE"
     # Names the claim index for a limited claim's read of due jobs, where the planner may otherwise
     # take the due index and sort every due job (see the dialects' own claims).

@@ -70,13 +70,13 @@ def settle(dialect: Dialect, now_ms: int, upstream: Sequence[int] | None = None)
         return result  # nothing ended (a cancel that only asked running jobs to stop): no "IN ()" to send
     with transaction.atomic(using=dialect.connection.alias):
         if upstream is None:
-            _settle_round_after_round(dialect, now_ms, None, result)
+            _sweep(dialect, now_ms, result)
             return result
         pending = list(upstream)
         while pending:
             cancelled_before = len(result.cancelled)
             for chunk in chunks(pending):
-                _settle_round_after_round(dialect, now_ms, chunk, result)
+                _count_ends_of(dialect, now_ms, chunk, result)
             pending = result.cancelled[cancelled_before:]
     return result
 
@@ -105,54 +105,62 @@ def lock_jobs(dialect: Dialect, ids: Sequence[int], columns: str) -> list[tuple[
     return dialect.fetchall(f"SELECT {columns} FROM {JOB} WHERE id IN ({marks(ids)}) ORDER BY id {dialect.row_lock}", sorted(ids))
 
 
-def _settle_round_after_round(dialect: Dialect, now_ms: int, upstream: list[int] | None, result: Settled) -> None:
+def _count_ends_of(dialect: Dialect, now_ms: int, upstream: list[int], result: Settled) -> None:
+    """Count the ends of these jobs: lock the jobs that wait for them, then take the edges still uncounted."""
+    dependents = dialect.fetchall(
+        f"SELECT id, queue, status, deps_left, on_failure FROM {JOB} WHERE id IN (SELECT job_id FROM {EDGES}"
+        f" WHERE depends_on_id IN ({marks(upstream)}) AND NOT settled) ORDER BY id {dialect.row_lock}",
+        upstream,
+    )
+    if dependents:
+        locked = {row[0] for row in dependents}
+        edges = _take_edges(dialect, f"d.depends_on_id IN ({marks(upstream)})", upstream, locked)
+        result.edges += len(edges)
+        _apply(dialect, edges, dependents, now_ms, result)
+
+
+def _sweep(dialect: Dialect, now_ms: int, result: Settled) -> None:
+    """Count every end not counted yet, in rounds of edges, until none is left (the cancels it makes included)."""
     while True:
         # Which dependents have an edge to count: a read without locks, done again under them.
-        params: list[object] = []
-        where = f"NOT d.settled AND {_ENDED_SQL}"
-        if upstream is not None:
-            where += f" AND d.depends_on_id IN ({marks(upstream)})"
-            params += upstream
         found = dialect.fetchall(
             f"SELECT d.id, d.job_id FROM {EDGES} d LEFT JOIN {JOB} u ON u.id = d.depends_on_id"
-            f" WHERE {where} ORDER BY d.id LIMIT {BATCH}",
-            params,
+            f" WHERE NOT d.settled AND {_ENDED_SQL} ORDER BY d.id LIMIT {BATCH}"
         )
         if not found:
             return
         dependents = lock_jobs(dialect, sorted({job_id for _, job_id in found}), "id, queue, status, deps_left, on_failure")
-        edges = _take_edges(dialect, [edge_id for edge_id, _ in found])
+        edge_ids = [edge_id for edge_id, _ in found]
+        edges = _take_edges(dialect, f"d.id IN ({marks(edge_ids)})", edge_ids, {row[0] for row in dependents})
         if not edges:
-            return  # counted by another settler meanwhile; anything left is the sweep's
+            return  # counted by another settler meanwhile; anything left is the next sweep's
         result.edges += len(edges)
         _apply(dialect, edges, dependents, now_ms, result)
-        if len(found) < BATCH:
-            return  # that was every edge left to count
 
 
-def _take_edges(dialect: Dialect, edge_ids: list[int]) -> list[tuple[int, int, int, str]]:
-    """Of these edges, those still uncounted with their upstream ended, marked counted: (edge, job, upstream, its end).
+def _take_edges(dialect: Dialect, where: str, params: list[int], locked: set[int]) -> list[tuple[int, int, int, str]]:
+    """The edges ``where`` says that are still uncounted, with their upstream ended and their dependent
+    ``locked``, marked counted: (edge, job, upstream, how it ended).
 
-    Read under the dependents' locks, with a locking read of the edges themselves (it reads the
-    latest rows at any isolation level): an edge another settler counted meanwhile is not taken
-    again. The upstream jobs are read without a lock: one on an upstream row would wait for a
-    retry of that job, which itself waits for the dependent's lock.
+    Read under the dependents' locks, so an edge another settler counted meanwhile is not taken
+    again. The upstream jobs are never locked: a lock on an upstream row would wait for a retry
+    of that job, which itself waits for the dependent's lock.
     """
-    edges = dialect.fetchall(
-        f"SELECT id, job_id, depends_on_id FROM {EDGES} WHERE id IN ({marks(edge_ids)}) AND NOT settled"
-        f" ORDER BY id {dialect.row_lock}",
-        edge_ids,
-    )
-    if not edges:
+    rows = [
+        row
+        for row in dialect.fetchall(
+            f"SELECT d.id, d.job_id, d.depends_on_id, u.status FROM {EDGES} d LEFT JOIN {JOB} u ON u.id = d.depends_on_id"
+            f" WHERE {where} AND NOT d.settled AND {_ENDED_SQL} ORDER BY d.id {dialect.edge_lock}",
+            params,
+        )
+        if row[1] in locked
+    ]
+    if not rows:
         return []
-    upstream = sorted({row[2] for row in edges})
-    ended = dict(dialect.fetchall(f"SELECT id, status FROM {JOB} WHERE id IN ({marks(upstream)})", upstream))
+    dialect.execute(f"UPDATE {EDGES} SET settled = TRUE WHERE id IN ({marks(rows)})", [row[0] for row in rows])
     # An upstream that is gone was deleted once it finished (KEEP_FINISHED = 0 for a job that
     # gained dependents after its claim): its end counts as finished.
-    taken = [(row[0], row[1], row[2], ended.get(row[2], "finished")) for row in edges if ended.get(row[2], "finished") in ENDED]
-    if taken:
-        dialect.execute(f"UPDATE {EDGES} SET settled = TRUE WHERE id IN ({marks(taken)})", [row[0] for row in taken])
-    return taken
+    return [(row[0], row[1], row[2], row[3] or "finished") for row in rows]
 
 
 def _apply(
@@ -170,7 +178,8 @@ def _apply(
         if status in FAILED:
             failed.setdefault(job_id, upstream_id)
     released_queues: set[str] = set()
-    by_count: dict[int, list[int]] = defaultdict(list)
+    lowered: dict[int, list[int]] = defaultdict(list)  # edges counted now -> dependents still blocked after
+    released: dict[int, list[int]] = defaultdict(list)  # edges counted now -> dependents whose last edge they are
     for job_id, queue, status, deps_left, on_failure in dependents:
         if status != "blocked" or job_id not in ended:
             continue  # it ended or runs already: the edge is counted, nothing waits on it
@@ -179,20 +188,20 @@ def _apply(
         if job_id in failed and on_failure != "run":
             cancel_dependent(dialect, job_id, failed[job_id], left - count, now_ms)
             result.cancelled.append(job_id)
-            continue
-        if count:
-            by_count[count].append(job_id)
-            if left == count:
-                result.released.append(job_id)
-                released_queues.add(queue)
-    for count, ids in by_count.items():
-        # One statement counts the edges and releases the job whose last edge this is. MariaDB
-        # assigns left to right: status and run_at_ms are set before deps_left changes.
+        elif count == left:
+            released[count].append(job_id)
+            result.released.append(job_id)
+            released_queues.add(queue)
+        elif count:
+            lowered[count].append(job_id)
+    for count, ids in lowered.items():
+        dialect.execute(f"UPDATE {JOB} SET deps_left = deps_left - %s WHERE id IN ({marks(ids)})", [count, *ids])
+    for count, ids in released.items():
+        # The statement that counts a job's last edge releases it: due at the later of its own due time and now.
         dialect.execute(
-            f"UPDATE {JOB} SET status = CASE WHEN deps_left = %s THEN 'waiting' ELSE status END,"
-            f" run_at_ms = CASE WHEN deps_left = %s THEN {dialect.greatest}(run_at_ms, %s) ELSE run_at_ms END,"
-            f" deps_left = deps_left - %s WHERE id IN ({marks(ids)}) AND status = 'blocked'",
-            [count, count, now_ms, count, *ids],
+            f"UPDATE {JOB} SET status = 'waiting', run_at_ms = {dialect.greatest}(run_at_ms, %s), deps_left = deps_left - %s"
+            f" WHERE id IN ({marks(ids)})",
+            [now_ms, count, *ids],
         )
     if released_queues:
         wakeup.wake_on_commit(dialect.connection.alias, sorted(released_queues))

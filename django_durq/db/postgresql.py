@@ -100,6 +100,7 @@ _HELD = (
 
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
+    edge_lock = "FOR UPDATE OF d"  # the upstream side of the join may be missing, and is never locked
     exclusivity = "any number of hosts"
     supports_notify = True
     partial_indexes = True

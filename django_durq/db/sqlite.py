@@ -68,6 +68,7 @@ class SQLiteDialect(Dialect):
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
     claim_index_hint = "INDEXED BY durq_job_claim"
+    edge_lock = ""
     row_lock = ""
     partial_indexes = True
     greatest = "MAX"
