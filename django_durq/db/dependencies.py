@@ -15,15 +15,18 @@ SQLite lets one writer at a time). Two counters of one dependent therefore take 
 sees what the other left: a fan-in callback is released exactly once, however many workers end
 its members at once, and a retry racing an end never leaves a count that no edge will lower.
 Dependents are locked in id order, and a dependent's id is always above those of the jobs it
-waits for (it was queued after them), so a settler walking down a graph locks downwards.
+waits for (it was queued after them), so a settler walking down a graph locks downwards; should
+two counters walking crossing parts of a graph still deadlock, the database rolls one back and
+``Store.retrying`` runs it again.
 
 A dependent whose upstream ended dead or cancelled is cancelled too (``cancelled_by`` names the
 upstream), and so on down the graph, in the same transaction, unless it says
 ``on_failure = 'run'``: then the failure counts as an end like any other.
 
-The worker that ends a job with dependents settles its edges right after its own commit; the
-maintenance sweep settles whatever that missed (a crash between the two, an operator's cancel),
-so a dependent waits at most a sweep interval longer, never forever.
+The worker that ends a job with dependents settles its edges right after its own commit, and an
+operator's cancel in its own transaction; the maintenance sweep settles whatever that missed (a
+crash between the two, a job ended by a script), so a dependent waits at most a sweep interval
+longer, never forever.
 """
 
 from __future__ import annotations
@@ -100,9 +103,12 @@ def uncounted_ends(dialect: Dialect) -> tuple[bool, bool]:
     return bool(row[0]), bool(row[1])
 
 
-def lock_jobs(dialect: Dialect, ids: Sequence[int], columns: str) -> list[tuple[Any, ...]]:
-    """Lock these jobs' rows, in id order, whatever their status; rows of ``columns`` as they are now."""
-    return dialect.fetchall(f"SELECT {columns} FROM {JOB} WHERE id IN ({marks(ids)}) ORDER BY id {dialect.row_lock}", sorted(ids))
+def lock_jobs(dialect: Dialect, ids: Sequence[int], columns: str, statuses: Sequence[str] = ()) -> list[tuple[Any, ...]]:
+    """Lock these jobs' rows (those in ``statuses``, when given), in id order; rows of ``columns`` as they are now."""
+    where = f"id IN ({marks(ids)})" + (f" AND status IN ({marks(statuses)})" if statuses else "")
+    return dialect.fetchall(
+        f"SELECT {columns} FROM {JOB} WHERE {where} ORDER BY id {dialect.row_lock}", [*sorted(ids), *statuses]
+    )
 
 
 def _count_ends_of(dialect: Dialect, now_ms: int, upstream: list[int], result: Settled) -> None:

@@ -75,7 +75,8 @@ def revive(dialect: Dialect, retried: Sequence[int], now_ms: int) -> Revived:
         } - rows.keys()
         frontier = []
         for chunk in chunks(sorted(dependents)):
-            for row in lock_jobs(dialect, chunk, _COLUMNS):
+            # A dependent that runs or ran is left as it is: its row is not locked (its worker renews it).
+            for row in lock_jobs(dialect, chunk, _COLUMNS, (*NOT_STARTED, "cancelled")):
                 job_id, status, cancelled_by = int(row[0]), row[2], row[5]
                 if status in NOT_STARTED:
                     rows[job_id] = row
