@@ -14,7 +14,8 @@ from tests.ledger import jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.one_leg]
 
-WORKER_ENV = {"DURQ_TEST_HEARTBEAT": "0.5", "DURQ_TEST_POLL": "0.2"}
+# Finished workflows are kept an hour: the suite's default deletes them, as a unit, once they end.
+WORKER_ENV = {"DURQ_TEST_HEARTBEAT": "0.5", "DURQ_TEST_POLL": "0.2", "DURQ_TEST_KEEP_FINISHED": "3600"}
 
 
 def test_workers_never_start_a_run_anyway_callback_of_a_workflow_being_cancelled(spawn_worker):
