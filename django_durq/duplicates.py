@@ -1,13 +1,16 @@
 """An enqueue whose dedupe key is already held: return the holder, changed if it waits and was asked.
 
 ``on_duplicate`` (see ``options.ON_DUPLICATE``) decides. ``"keep"`` returns the holder as it
-is. ``"replace"`` and ``"reschedule"`` change a *waiting* holder of the same job type in place:
-one row stays, so the unique index on ``unique_active`` still allows one active job per key,
-and the enqueue returns the holder's id with its new values. A running holder is never changed,
-as its handler may already have read its arguments; the enqueue then returns it unchanged.
+is. ``"replace"`` and ``"reschedule"`` change a holder of the same job type that has not started
+(``waiting``, or ``blocked`` in a workflow) in place: one row stays, so the unique index on
+``unique_active`` still allows one active job per key, and the enqueue returns the holder's id
+with its new values. A running holder is never changed, as its handler may already have read its
+arguments; the enqueue then returns it unchanged. The change never touches the status: a blocked
+holder takes the new due time as its own and still starts only once its upstream jobs have ended
+(at the later of the two).
 
-The holder is found by a plain read; a waiting holder is then changed by an ``UPDATE`` of its
-primary key that tests its status and type again, and whose row lock is held to the caller's
+The holder is found by a plain read; a holder that has not started is then changed by an
+``UPDATE`` of its primary key that tests its status and type again, and whose row lock is held to the caller's
 commit: on PostgreSQL and MariaDB a claim skips the locked row and takes it after the commit
 with the new values. On SQLite the failed insert already took the database's one write lock,
 which a claim (one ``UPDATE … RETURNING``) needs too: a claim sees the old row or the new one,
@@ -62,6 +65,7 @@ def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplica
     """
     from .models import Job, Status
 
+    not_started = (Status.WAITING, Status.BLOCKED)
     key = values["unique_key"]
     jobs = Job.objects.using(alias)
     # The outer savepoint lets a lock wait that times out be retried inside a caller's
@@ -80,21 +84,21 @@ def insert_or_change(values: dict[str, Any], alias: str, on_duplicate: OnDuplica
             return None
         found.deduplicated = True
         # A key is shared by every job type: another handler's arguments would be wrong for this one.
-        if found.status != Status.WAITING or found.name != values["name"]:
+        if found.status not in not_started or found.name != values["name"]:
             return found
         changes = {column: values.get(column) for column in _TAKEN[on_duplicate]}
         # The write tests the status again, under the row's lock: a claim may have taken the job
         # since the read, and a running job must never change.
-        if not jobs.filter(pk=found.pk, status=Status.WAITING, name=values["name"]).update(**changes):
+        if not jobs.filter(pk=found.pk, status__in=not_started, name=values["name"]).update(**changes):
             # Claimed since the read: return it running, unchanged, still without a lock (a
-            # worker may be deleting it). Still waiting means a hand-back, or a snapshot older
+            # worker may be deleting it). Not started yet means a hand-back, or a snapshot older
             # than the row (REPEATABLE READ): the caller tries again.
             now = jobs.filter(pk=found.pk, unique_active=key).first()
-            if now is None or now.status == Status.WAITING:
+            if now is None or now.status in not_started:
                 return None
             now.deduplicated = True
             return now
-        if values["run_at_ms"] < found.run_at_ms:
+        if found.status == Status.WAITING and values["run_at_ms"] < found.run_at_ms:
             # Idle workers may be sleeping until the old, later due time.
             wakeup.wake_on_commit(alias, [found.queue])
         # Read back under the lock (on MariaDB a locking read sees the latest row, not the snapshot).

@@ -234,13 +234,22 @@ class Executor:
         return RELEASED
 
     def bury_lost(self, queue: str, lease: tuple[int, int], name: str, attempts: int, errors_text: str, holder: str) -> str:
-        """A job whose worker died on its last attempt: a dead letter saying so, if its lease is still expired."""
+        """A job whose worker died on its last attempt: a dead letter saying so, if its lease is still expired.
+
+        One an operator asked to stop ends cancelled instead. Either way its end is counted for
+        the jobs that wait for it.
+        """
         errors = json.loads(errors_text or "[]")
         errors.append(self._entry(attempts, Failure("lease_expired", "lease expired: worker lost"), holder))
         now = self.clock.now_ms()
         hooks.jitter("bury")
-        if not self.store.retrying("bury", lambda d: d.bury_expired(lease, now, json.dumps(errors))):
+        ended = self.store.retrying("bury", lambda d: d.bury_expired(lease, now, json.dumps(errors)))
+        if ended is None:
             return LOST
+        self._settle_ids([lease[0]])  # what waits for it is counted at once, as after any other end
+        if ended == "cancelled":
+            jobs_log.info("durq: job %s (%s) lost its worker after a cancel -> cancelled", lease[0], name)
+            return CANCELLED_OUTCOME
         logger.error("durq: job %s (%s) lost its worker on its last attempt -> dead letter", lease[0], name)
         self.count(queue, DEAD)
         self.emit(job_dead, sender=Executor, job_id=lease[0], name=name, queue=queue, errors=errors)
@@ -316,7 +325,9 @@ class Executor:
         dies) the maintenance sweep counts instead, a moment later. A job still waiting (one
         that will be retried) has no end to count: its edges are left as they are.
         """
-        ids = [job.id for job in jobs if job.dependents]
+        self._settle_ids([job.id for job in jobs if job.dependents])
+
+    def _settle_ids(self, ids: list[int]) -> None:
         if not ids:
             return
         hooks.jitter("settle")  # a worker stalled between an end's commit and its count

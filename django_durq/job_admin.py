@@ -25,7 +25,7 @@ from .admin_input import GuardedAdmin, parse_job_id
 from .admin_lists import CappedCountPaginator, NameFilter, QueueFilter
 from .admin_messages import report_cancel, report_retry
 from .conf import get_settings
-from .models import Job, Status
+from .models import ACTIVE_STATUSES, Job, Status
 from .ops import format_age as age
 from .ops import local_time as when
 
@@ -127,7 +127,8 @@ class JobAdmin(GuardedAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, job: Job) -> str:
-        return format_html('<span class="durq-status durq-{}">{}</span>', job.status, job.get_status_display())
+        label = job.state.capitalize() if job.status == Status.BLOCKED else job.get_status_display()
+        return format_html('<span class="durq-status durq-{}">{}</span>', job.status, label)
 
     @admin.display(description="attempts")
     def attempts_display(self, job: Job) -> str:
@@ -235,7 +236,7 @@ class JobAdmin(GuardedAdmin):
         can_change = self.has_change_permission(request)
         return {
             "durq_can_retry": can_change and job.status in ops.RETRYABLE,
-            "durq_can_cancel": can_change and job.status in (Status.WAITING, Status.RUNNING),
+            "durq_can_cancel": can_change and job.status in ACTIVE_STATUSES,
             "durq_can_purge": False,
         }
 

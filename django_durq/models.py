@@ -19,13 +19,18 @@ from .clock import ms_to_datetime
 
 class Status(models.TextChoices):
     WAITING = "waiting", "Waiting"
+    # A job of a workflow that waits for upstream jobs to end (see workflows.py). Every claim takes
+    # only 'waiting' rows, so no due time, whoever writes it, can start a blocked job: the
+    # transaction that counts its last upstream end turns it 'waiting' (db/dependencies.py).
+    BLOCKED = "blocked", "Blocked"
     RUNNING = "running", "Running"
     FINISHED = "finished", "Finished"
     DEAD = "dead", "Dead"
     CANCELLED = "cancelled", "Cancelled"
 
 
-ACTIVE_STATUSES = (Status.WAITING, Status.RUNNING)
+# Not ended yet: such a job holds its dedupe key and can be cancelled.
+ACTIVE_STATUSES = (Status.WAITING, Status.BLOCKED, Status.RUNNING)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -37,6 +42,9 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def waiting(self) -> JobQuerySet:
         return self.filter(status=Status.WAITING)
+
+    def blocked(self) -> JobQuerySet:
+        return self.filter(status=Status.BLOCKED)
 
     def due(self, now_ms: int) -> JobQuerySet:
         return self.filter(status=Status.WAITING, run_at_ms__lte=now_ms)
@@ -97,8 +105,8 @@ class Job(models.Model):
     limit_rate = models.PositiveIntegerField(null=True, blank=True, help_text="At most this many of the key start per period.")
     limit_period_ms = models.PositiveIntegerField(null=True, blank=True)
     # Workflows (see workflows.py): the workflow the job belongs to, how many of the jobs it waits
-    # for have not ended yet (it is held back, due at BLOCKED_MS, while this is above 0), how many
-    # jobs wait for it, and what it does when one it waits for ends dead or cancelled. NULL for a
+    # for have not ended yet (it is 'blocked' while this is above 0), how many jobs wait for it,
+    # and what it does when one it waits for ends dead or cancelled. NULL for a
     # job outside any workflow (and nullable so that SQLite adds the columns without rebuilding
     # the table, which would lose the partial indexes of migrations 0002 and 0005).
     workflow_id = models.BigIntegerField(null=True, blank=True, help_text="The workflow this job belongs to.")
@@ -110,12 +118,12 @@ class Job(models.Model):
     cancelled_by = models.BigIntegerField(
         null=True, blank=True, help_text="The job whose failure cancelled this one; retrying that job brings it back."
     )
-    # The dedupe key while the job is active, NULL otherwise. A plain unique index on this column
-    # gives "one active job per key" on every database, MariaDB included (it has no partial
-    # indexes, and Django drops a conditional UniqueConstraint there with models.W036). Dead and
-    # finished jobs map to NULL, so a failure never owns a key forever.
+    # The dedupe key while the job is active (waiting, blocked or running), NULL otherwise. A
+    # plain unique index on this column gives "one active job per key" on every database, MariaDB
+    # included (it has no partial indexes, and Django drops a conditional UniqueConstraint there
+    # with models.W036). Dead and finished jobs map to NULL, so a failure never owns a key forever.
     unique_active = models.GeneratedField(
-        expression=Case(When(status__in=["waiting", "running"], then=F("unique_key")), default=None),
+        expression=Case(When(status__in=["waiting", "blocked", "running"], then=F("unique_key")), default=None),
         output_field=models.CharField(max_length=255, null=True),
         db_persist=True,
     )
@@ -145,6 +153,13 @@ class Job(models.Model):
     # (deduplicated), which that enqueue changed (replaced: on_duplicate "replace"/"reschedule").
     deduplicated: bool = False
     replaced: bool = False
+
+    @property
+    def state(self) -> str:
+        """The status in words: ``blocked (waiting for 2 upstream)`` for a job held back by its workflow."""
+        if self.status == Status.BLOCKED:
+            return f"blocked (waiting for {self.deps_left or 0} upstream)"
+        return str(self.status)
 
     @property
     def args(self) -> list[Any]:

@@ -68,11 +68,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
     _authorize(request)
     rows = ops.stats(now_ms=now_ms())
     lines = [
-        "# HELP durq_jobs Jobs per queue and state (waiting: due now; delayed: due later).",
+        "# HELP durq_jobs Jobs per queue and state (waiting: due now; delayed: due later; blocked: waiting for upstream jobs).",
         "# TYPE durq_jobs gauge",
     ]
     for row in rows:
-        for state in ("waiting", "delayed", "running", "dead"):
+        for state in ("waiting", "delayed", "blocked", "running", "dead"):
             lines.append(f'durq_jobs{{queue="{_label(row.queue)}",state="{state}"}} {getattr(row, state)}')
     lines += [
         "# HELP durq_oldest_waiting_seconds How long the longest-waiting due job has been due (0 when none is).",

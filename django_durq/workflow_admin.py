@@ -26,7 +26,7 @@ from .ops import local_time as when
 from .workflow_graph import layout
 
 PAGE_SIZE = 50
-STATUSES = ("waiting", "running", "finished", "dead", "cancelled")
+STATUSES = ("waiting", "blocked", "running", "finished", "dead", "cancelled")
 
 
 @admin.register(Workflow)

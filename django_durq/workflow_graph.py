@@ -127,7 +127,7 @@ def _node(job: Any, at: tuple[float, float], external: bool) -> Node:
         x=round(at[0]),
         y=round(at[1]),
         name=Truncator(job.name).chars(28),
-        title=f"{job.name} #{job.pk}: {job.status}" + (" (queued before this workflow)" if external else ""),
+        title=f"{job.name} #{job.pk}: {job.state}" + (" (queued before this workflow)" if external else ""),
         status=job.status,
         meta=f"#{job.pk} · {job.status} · {job.attempts}/{job.max_attempts} attempts",
         arguments=Truncator(_arguments(job)).chars(32),

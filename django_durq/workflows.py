@@ -8,10 +8,11 @@
     flow.add(publish, video_id=42, after=encodes)
     flow.enqueue()  # one transaction: every job, every edge, or nothing
 
-A job that waits is held back (due at ``BLOCKED_MS``) with ``deps_left`` counting what it still
-waits for; ``db/dependencies.py`` counts each end exactly once and releases it when the count
-reaches 0. Every job of a workflow is kept when it finishes (its result is what its dependents
-read with ``ctx.dependencies()``) until the whole workflow is pruned as a unit.
+A job that waits is ``blocked``, a status no claim takes, with ``deps_left`` counting what it
+still waits for; ``db/dependencies.py`` counts each end exactly once, and the statement that
+counts the last one turns it ``waiting``, due at the later of its own due time and that moment.
+Every job of a workflow is kept when it finishes (its result is what its dependents read with
+``ctx.dependencies()``) until the whole workflow is pruned as a unit.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from . import wakeup
 from .clock import now_ms
 from .conf import get_settings
 from .db import dialect_for
-from .db.dependencies import BLOCKED_MS, ENDED
+from .db.dependencies import ENDED
 from .registry import JobDefinition, registry
 
 if TYPE_CHECKING:
@@ -178,9 +179,9 @@ def _enqueue_steps(steps: Sequence[Step], workflow_id: int, alias: str) -> None:
             "on_failure": step.on_failure if step.after else None,
         }
         if pending:
-            values["run_at_ms"] = BLOCKED_MS
+            values["status"] = "blocked"  # its own due time is kept: it runs at that time at the earliest
         if failed is not None and step.on_failure == "cancel":
-            values |= {"status": "cancelled", "finished_ms": now, "cancelled_by": failed, "run_at_ms": now}
+            values |= {"status": "cancelled", "finished_ms": now, "cancelled_by": failed}
         job_id = _insert_member(dialect, values, alias)
         step.job = _jobs(values, [(job_id, values["arguments"])], alias)[0]
         if not pending and values["status"] == "waiting":

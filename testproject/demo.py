@@ -196,13 +196,12 @@ def next_due_in_s() -> float | None:
     from django.db.models import Min
 
     from django_durq.clock import now_ms
-    from django_durq.db.dependencies import BLOCKED_MS
     from django_durq.models import Job
 
     if not Job.objects.active().exists():
         return None
-    # A job of a workflow that still waits for others is due when they end, not at its due time.
-    due = Job.objects.waiting().filter(run_at_ms__lt=BLOCKED_MS).aggregate(first=Min("run_at_ms"))["first"]
+    # A job of a workflow that still waits for others is blocked: due when they end, not at its due time.
+    due = Job.objects.waiting().aggregate(first=Min("run_at_ms"))["first"]
     return max(0.0, (due - now_ms()) / 1000) if due is not None else 0.0
 
 

@@ -35,8 +35,8 @@ def test_stats_table_and_json():
     QueueStat.objects.create(queue="default", minute_ms=NOW - 600_000, finished=12, failed=2)
     out, _ = durq("stats")
     lines = out.splitlines()
-    assert lines[0].split()[:6] == ["QUEUE", "STATE", "WAITING", "DELAYED", "RUNNING", "DEAD"]
-    assert lines[1].split()[:9] == ["default", "active", "1", "0", "0", "0", "1", "min", "30"]
+    assert lines[0].split()[:7] == ["QUEUE", "STATE", "WAITING", "DELAYED", "BLOCKED", "RUNNING", "DEAD"]
+    assert lines[1].split()[:10] == ["default", "active", "1", "0", "0", "0", "0", "1", "min", "30"]
     assert "0/12" in lines[1] and "0/2" in lines[1]
     data = {row["queue"]: row for row in json.loads(durq("stats", "--json")[0])}
     assert data["default"]["oldest_wait_ms"] == 90_000 and data["fast"]["dead"] == 1

@@ -93,7 +93,7 @@ def test_the_graph_puts_each_job_right_of_what_it_waits_for_and_colours_it_by_st
     drawn = nodes(response)
     scan, publish = steps["scan"].job.pk, steps["publish"].job.pk
     encodes = [step.job.pk for step in steps["encodes"]]
-    assert drawn[scan]["status"] == "finished" and drawn[publish]["status"] == "waiting"
+    assert drawn[scan]["status"] == "finished" and drawn[publish]["status"] == "blocked"
     assert {drawn[pk]["x"] for pk in encodes} == {drawn[scan]["x"] + NODE_W + 64}
     assert drawn[publish]["x"] > drawn[encodes[0]]["x"]
     assert len({drawn[pk]["y"] for pk in encodes}) == 3
@@ -152,7 +152,7 @@ def test_actions_need_post_the_change_permission_and_the_csrf_token(superuser):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(User.objects.get(username="changer"))
     assert strict.post(page(flow.row.pk, "cancel")).status_code == 403
-    assert Job.objects.filter(workflow_id=flow.row.pk, status="waiting").count() == 5
+    assert Job.objects.filter(workflow_id=flow.row.pk).active().count() == 5
 
 
 def test_unknown_and_malformed_ids_are_not_found_and_a_nul_byte_is_refused(superuser):

@@ -33,12 +33,14 @@ def test_workflows_lists_states_and_counts_as_a_table_and_as_json():
         running, _ = media("running")
     out, _ = durq("workflows")
     lines = out.splitlines()
-    assert lines[0].split()[:9] == ["ID", "NAME", "STATE", "JOBS", "WAITING", "RUNNING", "FINISHED", "DEAD", "CANCELLED"]
-    assert lines[1].split()[:9] == [str(running.row.pk), "running", "running", "5", "5", "0", "0", "0", "0"]
-    assert lines[2].split()[:9] == [str(failed.row.pk), "failed", "failed", "5", "0", "0", "0", "1", "4"]
+    header = ["ID", "NAME", "STATE", "JOBS", "WAITING", "BLOCKED", "RUNNING", "FINISHED", "DEAD", "CANCELLED"]
+    assert lines[0].split()[:10] == header
+    assert lines[1].split()[:10] == [str(running.row.pk), "running", "running", "5", "1", "4", "0", "0", "0", "0"]
+    assert lines[2].split()[:10] == [str(failed.row.pk), "failed", "failed", "5", "0", "0", "0", "0", "1", "4"]
     data = json.loads(durq("workflows", "--json", "--limit", "1")[0])
     assert [(row["id"], row["state"], row["jobs"]) for row in data] == [(running.row.pk, "running", 5)]
-    assert data[0]["counts"]["waiting"] == 5 and data[0]["created_at"].startswith("2027-01-15")
+    assert data[0]["counts"]["waiting"] == 1 and data[0]["counts"]["blocked"] == 4
+    assert data[0]["created_at"].startswith("2027-01-15")
 
 
 def test_no_workflows_says_so():
@@ -52,11 +54,12 @@ def test_workflow_shows_members_what_they_wait_for_and_the_edges():
         drain(clock=clock, max_jobs=1)
     out, _ = durq("workflow", str(flow.row.pk))
     lines = out.splitlines()
-    assert lines[0] == f"Workflow {flow.row.pk} (video 42): running, 5 jobs (4 waiting, 1 finished)"
+    assert lines[0] == f"Workflow {flow.row.pk} (video 42): running, 5 jobs (3 waiting, 1 blocked, 1 finished)"
     scan, publish = steps["scan"].job.pk, steps["publish"].job.pk
     encodes = [step.job.pk for step in steps["encodes"]]
     rows = {line.split()[0]: line for line in lines[4:]}
     assert rows[str(scan)].split()[:5] == [str(scan), "tests.step", "finished", "-", "1/5"] and '"scan"' in rows[str(scan)]
+    assert "blocked (waiting for 3 upstream)" in rows[str(publish)]
     assert f"{', '.join(map(str, encodes))} (3 left)" in rows[str(publish)]
     data = json.loads(durq("workflow", str(flow.row.pk), "--json")[0])
     assert data["state"] == "running" and [job["id"] for job in data["jobs"]] == [scan, *encodes, publish]

@@ -6,7 +6,6 @@ import pytest
 
 from django_durq import Workflow, ops
 from django_durq.clock import ManualClock, use_clock
-from django_durq.db.dependencies import BLOCKED_MS
 from django_durq.models import Job
 from django_durq.store import Store
 from django_durq.testing import drain
@@ -73,7 +72,7 @@ def test_one_workflow_shows_its_jobs_edges_and_the_jobs_it_waits_for_outside(clo
         (second.job.pk, first.job.pk, False),
     ]
     assert detail.upstream(second.job.pk) == [first.job.pk] and detail.downstream(first.job.pk) == [second.job.pk]
-    assert detail.summary.state == "running" and detail.summary.counts == {"waiting": 2}
+    assert detail.summary.state == "running" and detail.summary.counts == {"blocked": 2}
 
 
 def test_bad_ids_and_limits_are_refused_with_a_clear_error():
@@ -108,7 +107,7 @@ def test_retry_brings_back_a_failed_workflow_through_the_job_that_failed(clock):
     result = ops.retry_workflow(flow.row.pk, now_ms=clock.now_ms())
     assert result.retried == [steps["scan"].job.pk] and result.skipped == {}
     publish = Job.objects.get(pk=steps["publish"].job.pk)
-    assert (publish.status, publish.deps_left, publish.run_at_ms) == ("waiting", 3, BLOCKED_MS)
+    assert (publish.status, publish.deps_left) == ("blocked", 3)
     drain(clock=clock)
     assert statuses(flow) == {"finished": 6}
     assert Job.objects.get(pk=steps["publish"].job.pk).result == '{"finished":3,"dead":0,"cancelled":0}'

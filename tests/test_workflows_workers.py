@@ -78,12 +78,12 @@ def test_killed_workers_never_lose_or_repeat_a_callback_nor_start_a_step_early(s
     assert members.count() == 5 * WORKFLOWS
 
     def done() -> bool:
-        return not members.filter(status__in=("waiting", "running")).exists()
+        return not members.active().exists()
 
     try:
         wait_until(done, 240, "every workflow to end")
     except AssertionError as error:
-        stuck = list(members.filter(status__in=("waiting", "running")).values("pk", "name", "status", "deps_left"))
+        stuck = list(members.active().values("pk", "name", "status", "deps_left"))
         raise AssertionError(f"{error}: {stuck}\n{workers[-1].output()[-3000:]}") from None
 
     rows = {row.pk: row for row in members}

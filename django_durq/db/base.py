@@ -125,9 +125,10 @@ class Dialect:
     argument_column = ""
     ordinal_column = ""
 
-    # How a settler (db/dependencies.py) locks the edges it counts, skipping those another holds,
-    # and the dependents it updates; empty where writers are serialized.
-    edge_lock = "FOR UPDATE SKIP LOCKED"
+    # How a settler (db/dependencies.py) locks the dependents whose edges it counts, and the edges
+    # it reads once it holds them (no lock needed: only a holder of the dependent's lock changes
+    # them); empty where writers are serialized.
+    edge_lock = ""
     row_lock = "FOR UPDATE"
     # Names the claim index for a limited claim's read of due jobs, where the planner may otherwise
     # take the due index and sort every due job (see the dialects' own claims).
@@ -294,11 +295,11 @@ class Dialect:
         return {(row[0], row[1]) for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id, claim_token", params)}
 
     def finished_leases(self, leases: Sequence[Lease]) -> set[Lease]:
-        """Which of these leases ended as finished jobs (kept) under their own token."""
+        """Which of these leases ended as finished jobs (kept) under their own token (cancelled: asked to stop)."""
         if not leases:
             return set()
         fence, params = _fence(leases)
-        rows = self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE status = 'finished' AND {fence}", params)
+        rows = self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE status IN ('finished', 'cancelled') AND {fence}", params)
         return {(row[0], row[1]) for row in rows}
 
     def existing_ids(self, ids: Sequence[int]) -> set[int]:
@@ -362,9 +363,11 @@ class Dialect:
         if results:
             result_sql = f"CASE id {' '.join(['WHEN %s THEN %s'] * len(results))} ELSE NULL END"
             params.extend(value for pair in results for value in pair)
+        # A job an operator asked to stop ends cancelled, even when its handler returned before a
+        # heartbeat told it: the statement reads the request itself, as retry_later does.
         updated = self.execute(
-            f"UPDATE {JOB} SET status = 'finished', lease_expires_ms = NULL,"
-            f" finished_ms = CASE id {finished_at} END, result = {result_sql} WHERE {held}",
+            f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'finished' END,"
+            f" lease_expires_ms = NULL, finished_ms = CASE id {finished_at} END, result = {result_sql} WHERE {held}",
             params + held_params,
         )
         if updated == len(kept):
@@ -457,17 +460,18 @@ class Dialect:
             )
         ]
 
-    def bury_expired(self, lease: Lease, now_ms: int, errors: str) -> bool:
-        """Make a job whose worker was lost a dead letter — only if its lease is still expired.
+    def bury_expired(self, lease: Lease, now_ms: int, errors: str) -> str | None:
+        """End a job whose worker was lost — only if its lease is still expired; returns how it ended, or None.
 
-        The statement re-checks the expiry itself: a lease renewed since the scan is left alone.
+        A dead letter, or cancelled when an operator asked it to stop (a cancel is final). Each
+        statement re-checks the expiry itself: a lease renewed since the scan is left alone.
         """
         fence, params = _fence([lease])
-        return (
-            self.execute(
-                f"UPDATE {JOB} SET status = 'dead', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
-                f" WHERE status = 'running' AND lease_expires_ms <= %s AND {fence}",
+        for status, asked in (("cancelled", "stop_requested"), ("dead", "NOT stop_requested")):
+            if self.execute(
+                f"UPDATE {JOB} SET status = '{status}', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
+                f" WHERE status = 'running' AND {asked} AND lease_expires_ms <= %s AND {fence}",
                 [now_ms, errors, now_ms, *params],
-            )
-            == 1
-        )
+            ):
+                return status
+        return None

@@ -112,7 +112,7 @@ _BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_tim
 
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
-    edge_lock = "FOR UPDATE OF d SKIP LOCKED"  # the upstream side of the join may be missing
+    edge_lock = "FOR UPDATE OF d"  # the upstream side of the join may be missing, and is never locked
     exclusivity = "any number of hosts"
     supports_notify = True
     partial_indexes = True

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..clock import ms_to_datetime
+from ..ops import local_time
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -16,6 +17,12 @@ def id_list(ids: list[int]) -> str:
         return ""
     shown = ", ".join(str(job_id_) for job_id_ in ids[:20])
     return f" ({shown}{', …' if len(ids) > 20 else ''})"
+
+
+def due(job: Job) -> str:
+    """When it is due; a blocked job is due once its upstream jobs end, at its own due time at the earliest."""
+    when = local_time(job.run_at_ms)
+    return f"once its upstream jobs end, not before {when}" if job.status == "blocked" else when
 
 
 def took_s(job: Job) -> float | None:
@@ -42,6 +49,7 @@ def job_dict(job: Job) -> dict[str, Any]:
         "name": job.name,
         "queue": job.queue,
         "status": job.status,
+        "waiting_for": job.deps_left if job.status == "blocked" else None,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "created_at": iso(job.created_ms),

@@ -21,7 +21,7 @@ NOT_FOUND = 1
 USAGE_ERROR = 2
 # ASCII digits only, as the command's other ids.
 _DIGITS = re.compile(r"[0-9]+")
-STATUSES = ("waiting", "running", "finished", "dead", "cancelled")
+STATUSES = ("waiting", "blocked", "running", "finished", "dead", "cancelled")
 
 
 def workflow_id(text: str) -> int:
@@ -92,7 +92,7 @@ class WorkflowCommands:
                 [
                     str(job.pk),
                     job.name + outside,
-                    job.status,
+                    job.state,
                     waits,
                     f"{job.attempts}/{job.max_attempts}",
                     _progress(job),

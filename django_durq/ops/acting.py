@@ -1,11 +1,13 @@
-"""Acting on jobs: retry dead or cancelled ones, purge dead letters, cancel waiting or running ones.
+"""Acting on jobs: retry dead or cancelled ones, purge dead letters, cancel waiting, blocked or running ones.
 
-Each works in batches of ids, so that no statement holds locks on a large part of the table.
+Each works in batches of ids, so that no statement holds locks on a large part of the table. A
+retry or cancel commits per batch; the ``*_together`` forms, which act on a workflow, put every
+batch in one transaction, so that no job of it is released or started half-way through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -14,13 +16,15 @@ from django.db.models import QuerySet
 
 from .. import wakeup
 from ..db import dialect_for
-from ..db.dependencies import revive, rewait, settle
+from ..db.dependencies import settle
+from ..db.revival import revive
 from ..models import Job, JobQuerySet, Status
 from ..store import Store
 from .reading import alias_of, jobs_on, now_or
 
 BATCH = 500
 RETRYABLE = (Status.DEAD, Status.CANCELLED)
+NOT_STARTED = (Status.WAITING, Status.BLOCKED)
 
 Selection = Iterable[int] | QuerySet[Job]
 
@@ -30,12 +34,21 @@ class RetryResult:
     retried: list[int] = field(default_factory=list)
     skipped: dict[int, str] = field(default_factory=dict)  # job id -> why it was left alone
 
+    def merge(self, other: RetryResult) -> None:
+        self.retried += other.retried
+        self.skipped.update(other.skipped)
+
 
 @dataclass
 class CancelResult:
-    cancelled: list[int] = field(default_factory=list)  # were waiting: cancelled now
+    cancelled: list[int] = field(default_factory=list)  # were waiting or blocked: cancelled now
     stopping: list[int] = field(default_factory=list)  # were running: asked to stop (ctx.should_stop())
     skipped: dict[int, str] = field(default_factory=dict)
+
+    def merge(self, other: CancelResult) -> None:
+        self.cancelled += other.cancelled
+        self.stopping += other.stopping
+        self.skipped.update(other.skipped)
 
 
 def _batches(selection: Selection, alias: str) -> Iterator[list[int]]:
@@ -56,6 +69,11 @@ def _batches(selection: Selection, alias: str) -> Iterator[list[int]]:
             yield pending[start : start + BATCH]
 
 
+def _only(batch: list[int]) -> Callable[[], list[list[int]]]:
+    """A selection of one batch, for the per-batch forms of the one-transaction actions."""
+    return lambda: [batch]
+
+
 def _status_reasons(batch: list[int], done: set[int], alias: str, verb: str) -> dict[int, str]:
     """Why the ids of ``batch`` not in ``done`` were left alone."""
     left = [job_id for job_id in batch if job_id not in done]
@@ -69,16 +87,22 @@ def retry(selection: Selection, *, now_ms: int | None = None, using: str | None 
     """Dead or cancelled jobs back to waiting, due now, attempts reset; their error history is kept.
 
     A running (or waiting, or finished) job is never touched. A job whose dedupe key another
-    active job now holds is skipped: the unique index would refuse it.
+    active job now holds is skipped: the unique index would refuse it. Jobs of a workflow wait
+    again for what they wait for, and what waits for them is counted again (``db/revival.py``).
+    Each batch of 500 ids is one transaction; :func:`retry_together` makes the whole selection one.
     """
     now = now_or(now_ms)
     alias = alias_of(using)
     store = Store(alias)
     result = RetryResult()
     for batch in _batches(selection, alias):
-        done = store.retrying("retry", partial(_retry_batch, batch, now, alias, result))
-        result.skipped.update(_status_reasons(batch, done, alias, "retried"))
+        result.merge(store.retrying("retry", partial(_retry_in_one, _only(batch), now, alias)))
     return result
+
+
+def retry_together(selection: Selection, now: int, alias: str) -> RetryResult:
+    """Retry the whole selection in one transaction: nothing of it is seen (or released) before all of it is done."""
+    return Store(alias).retrying("retry", partial(_retry_in_one, lambda: _batches(selection, alias), now, alias))
 
 
 def retry_failed(*, queue: str | None = None, now_ms: int | None = None, using: str | None = None) -> RetryResult:
@@ -102,38 +126,51 @@ _RESET = {
 }
 
 
-def _retry_batch(batch: list[int], now: int, alias: str, result: RetryResult, _dialect: object) -> set[int]:
-    """Retry what is retryable in ``batch``; returns the ids handled (retried or skipped for a key)."""
-    handled: set[int] = set()
+def _retry_in_one(batches: Callable[[], Iterable[list[int]]], now: int, alias: str, _dialect: object) -> RetryResult:
+    """Retry what is retryable in ``batches``, then count the workflows they belong to again: one transaction."""
+    result = RetryResult()
+    retried: list[int] = []
+    queues: set[str] = set()
     with transaction.atomic(using=alias):
-        # Locks only dead and cancelled rows, which no worker reads, so claims never wait on it.
-        rows = list(
-            jobs_on(alias).select_for_update().filter(pk__in=batch, status__in=RETRYABLE).values_list("pk", "unique_key", "queue")
-        )
-        plain = [job_id for job_id, key, _ in rows if key is None]
-        jobs_on(alias).filter(pk__in=plain).update(run_at_ms=now, **_RESET)
-        retried = list(plain)
-        for job_id, key, _ in rows:
-            if key is None:
-                continue
-            try:
-                # A savepoint keeps the batch alive when the unique index refuses this one.
-                with transaction.atomic(using=alias):
-                    jobs_on(alias).filter(pk=job_id).update(run_at_ms=now, **_RESET)
-                retried.append(job_id)
-            except IntegrityError:
-                holder = jobs_on(alias).active().filter(unique_key=key).values_list("pk", flat=True).first()
-                result.skipped[job_id] = f"its dedupe key {key!r} is held by active job {holder}"
-            handled.add(job_id)
-        # Jobs of a workflow cancelled because these failed come back, waiting for them again.
-        dialect = dialect_for(connections[alias])
-        revive(dialect, retried, now)
-        rewait(dialect, retried)
-        queues = sorted({queue for job_id, _, queue in rows if job_id in set(retried)})
+        for batch in batches():
+            done, batch_queues = _reset(batch, now, alias, result)
+            retried += [job_id for job_id in batch if job_id in done and job_id not in result.skipped]
+            queues |= batch_queues
+            result.skipped.update(_status_reasons(batch, done, alias, "retried"))
+        # Jobs of a workflow wait again for what has not ended; what waits for them is counted again.
+        revived = revive(dialect_for(connections[alias]), retried, now)
+        # A retried job is counted as any other: one that waits for a job that failed stays cancelled.
+        roots = set(retried)
+        stays = {job_id: upstream for job_id, upstream in revived.cancelled.items() if job_id in roots}
+        for job_id, upstream in stays.items():
+            result.skipped[job_id] = f"it stays cancelled: job {upstream}, which it waits for, ended without finishing"
         if queues:
-            wakeup.wake_on_commit(alias, queues)
-    result.retried.extend(sorted(retried))
-    return handled | set(retried)
+            wakeup.wake_on_commit(alias, sorted(queues))
+    result.retried = sorted(roots - stays.keys())
+    return result
+
+
+def _reset(batch: list[int], now: int, alias: str, result: RetryResult) -> tuple[set[int], set[str]]:
+    """Turn the retryable jobs of ``batch`` waiting; returns the ids handled (retried or skipped for a key) and their queues."""
+    # Locks only dead and cancelled rows, which no worker reads, so claims never wait on it.
+    rows = list(
+        jobs_on(alias).select_for_update().filter(pk__in=batch, status__in=RETRYABLE).values_list("pk", "unique_key", "queue")
+    )
+    plain = [job_id for job_id, key, _ in rows if key is None]
+    jobs_on(alias).filter(pk__in=plain).update(run_at_ms=now, **_RESET)
+    handled = set(plain)
+    for job_id, key, _ in rows:
+        if key is None:
+            continue
+        try:
+            # A savepoint keeps the batch alive when the unique index refuses this one.
+            with transaction.atomic(using=alias):
+                jobs_on(alias).filter(pk=job_id).update(run_at_ms=now, **_RESET)
+        except IntegrityError:
+            holder = jobs_on(alias).active().filter(unique_key=key).values_list("pk", flat=True).first()
+            result.skipped[job_id] = f"its dedupe key {key!r} is held by active job {holder}"
+        handled.add(job_id)
+    return handled, {queue for job_id, _, queue in rows if job_id not in result.skipped}
 
 
 def purge(
@@ -184,33 +221,53 @@ def _dead_batches(ids: QuerySet[Job, int]) -> Iterator[list[int]]:
 
 
 def cancel(selection: Selection, *, now_ms: int | None = None, using: str | None = None) -> CancelResult:
-    """Waiting jobs become cancelled; running jobs are asked to stop.
+    """Waiting and blocked jobs become cancelled; running jobs are asked to stop.
 
     A running handler sees ``ctx.should_stop()`` turn true at its worker's next heartbeat; when
-    it returns, the job is recorded as cancelled.
+    it returns (whether or not it saw the request), the job is recorded as cancelled. Each batch
+    of 500 ids is one transaction; :func:`cancel_together` makes the whole selection one.
     """
     now = now_or(now_ms)
     alias = alias_of(using)
     store = Store(alias)
     result = CancelResult()
     for batch in _batches(selection, alias):
-        done = store.retrying("cancel", partial(_cancel_batch, batch, now, alias, result))
-        result.skipped.update(_status_reasons(batch, done, alias, "cancelled"))
+        result.merge(store.retrying("cancel", partial(_cancel_in_one, _only(batch), now, alias)))
     return result
 
 
-def _cancel_batch(batch: list[int], now: int, alias: str, result: CancelResult, _dialect: object) -> set[int]:
+def cancel_together(selection: Selection, now: int, alias: str) -> CancelResult:
+    """Cancel the whole selection in one transaction: none of it is released by another's cancel meanwhile."""
+    return Store(alias).retrying("cancel", partial(_cancel_in_one, lambda: _batches(selection, alias), now, alias))
+
+
+def _cancel_in_one(batches: Callable[[], Iterable[list[int]]], now: int, alias: str, _dialect: object) -> CancelResult:
+    result = CancelResult()
+    running: list[int] = []
+    selected: list[int] = []
     with transaction.atomic(using=alias):
-        waiting = list(
-            jobs_on(alias).select_for_update().filter(pk__in=batch, status=Status.WAITING).values_list("pk", flat=True)
-        )
-        jobs_on(alias).filter(pk__in=waiting).update(status=Status.CANCELLED, finished_ms=now)
-        # Jobs waiting for these in a workflow are cancelled with them (or run anyway), at once.
-        settle(dialect_for(connections[alias]), now, waiting)
-        running = list(
-            jobs_on(alias).select_for_update().filter(pk__in=batch, status=Status.RUNNING).values_list("pk", flat=True)
-        )
-        jobs_on(alias).filter(pk__in=running).update(stop_requested=True)
-    result.cancelled.extend(sorted(waiting))
-    result.stopping.extend(sorted(running))
-    return set(waiting) | set(running)
+        for batch in batches():
+            selected += batch
+            waiting = list(
+                jobs_on(alias).select_for_update().filter(pk__in=batch, status__in=NOT_STARTED).values_list("pk", flat=True)
+            )
+            jobs_on(alias).filter(pk__in=waiting).update(status=Status.CANCELLED, finished_ms=now)
+            result.cancelled += waiting
+            running += jobs_on(alias).filter(pk__in=batch, status=Status.RUNNING).values_list("pk", flat=True)
+        # What waits for these is counted once every one of them is cancelled: a job waiting
+        # "to run anyway" for one of them is cancelled with the selection, not released by it.
+        settle(dialect_for(connections[alias]), now, result.cancelled)
+        # Running rows last: a worker renewing one waits for this commit, so it is kept short.
+        for start in range(0, len(running), BATCH):
+            chunk = running[start : start + BATCH]
+            stopping = list(
+                jobs_on(alias).select_for_update().filter(pk__in=chunk, status=Status.RUNNING).values_list("pk", flat=True)
+            )
+            jobs_on(alias).filter(pk__in=stopping).update(stop_requested=True)
+            result.stopping += stopping
+        done = set(result.cancelled) | set(result.stopping)
+        for start in range(0, len(selected), BATCH):
+            result.skipped.update(_status_reasons(selected[start : start + BATCH], done, alias, "cancelled"))
+    result.cancelled.sort()
+    result.stopping.sort()
+    return result

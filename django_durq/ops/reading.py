@@ -62,15 +62,20 @@ def queue_names(using: str | None = None) -> list[str]:
     A paused queue is listed even with no job, so that it can be seen and resumed.
 
     Where the queue's indexes are partial (SQLite, PostgreSQL: migration 0002), no one index
-    leads with ``queue`` over every row: the seeks go through the waiting, the running and the
-    finished, dead or cancelled rows, each with an index of its own.
+    leads with ``queue`` over every row: the seeks go through the waiting, the blocked (migration
+    0008), the running and the finished, dead or cancelled rows, each with an index of its own.
     """
     alias = alias_of(using)
     names = set(get_settings().queues) | registry.queues()
     names.update(QueueControl.objects.using(alias).filter(paused=True).values_list("queue", flat=True))
     jobs = jobs_on(alias)
     if Store(alias).dialect.partial_indexes:
-        scopes = [jobs.filter(status=Status.WAITING), jobs.filter(status=Status.RUNNING), jobs.filter(finished_ms__isnull=False)]
+        scopes = [
+            jobs.filter(status=Status.WAITING),
+            jobs.filter(status=Status.BLOCKED),
+            jobs.filter(status=Status.RUNNING),
+            jobs.filter(finished_ms__isnull=False),
+        ]
     else:
         scopes = [jobs]
     for scope in scopes:

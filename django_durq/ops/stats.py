@@ -23,6 +23,7 @@ class QueueStats:
     queue: str
     waiting: int  # due now
     delayed: int  # waiting, due later (scheduled or backing off)
+    blocked: int  # workflow jobs waiting for upstream jobs to end (due once they have)
     running: int
     dead: int
     oldest_wait_ms: int | None  # how long the longest-waiting due job has been due
@@ -82,6 +83,7 @@ def stats(*, now_ms: int | None = None, count_cap: int | None = None, using: str
                 queue=queue,
                 waiting=_count(jobs.due(now), count_cap),
                 delayed=_count(jobs.delayed(now), count_cap),
+                blocked=_count(jobs.blocked(), count_cap),
                 running=_count(jobs.running(), count_cap),
                 dead=_count(jobs.dead(), count_cap),
                 oldest_wait_ms=_oldest_wait_ms(jobs, now),

@@ -1,11 +1,12 @@
 """Workflows as an operator sees them: recent ones with their members counted, one with its jobs and edges,
 and cancel and retry of a whole workflow.
 
-A workflow's state is read from its members: ``running`` while one waits or runs, else
-``finished`` when every member finished, ``failed`` when one ended dead (its dependents cancelled
-with it, or run anyway), else ``cancelled`` (an operator cancelled members and none died).
-Cancel and retry go through :func:`.acting.cancel` and :func:`.acting.retry`, so the members'
-dependents are settled and revived as when one job is cancelled or retried.
+A workflow's state is read from its members: ``running`` while one waits, is blocked or runs,
+else ``finished`` when every member finished, ``failed`` when one ended dead (its dependents
+cancelled with it, or run anyway), else ``cancelled`` (an operator cancelled members and none died).
+Cancel and retry of a workflow are each one transaction (:func:`.acting.cancel_together`,
+:func:`.acting.retry_together`), whatever its size: no member is released or started half-way
+through, and the members' dependents are counted as when one job is cancelled or retried.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from django.db.models import Count, Max
 
 from ..models import Dependency, Job, Status, Workflow
-from .acting import CancelResult, RetryResult, cancel, retry
-from .reading import alias_of, jobs_on
+from .acting import CancelResult, RetryResult, cancel_together, retry_together
+from .reading import alias_of, jobs_on, now_or
 
 STATES = ("running", "finished", "failed", "cancelled")
 MAX_LIMIT = 1000
@@ -94,7 +95,7 @@ class WorkflowDetail:
 
 def workflow_state(counts: dict[str, int]) -> str:
     """``running``, ``finished``, ``failed`` or ``cancelled`` from the members counted per status."""
-    if counts.get(Status.WAITING, 0) or counts.get(Status.RUNNING, 0):
+    if counts.get(Status.WAITING, 0) or counts.get(Status.BLOCKED, 0) or counts.get(Status.RUNNING, 0):
         return "running"
     if counts.get(Status.DEAD, 0):
         return "failed"
@@ -137,15 +138,16 @@ def workflow(workflow_id: int, *, using: str | None = None) -> WorkflowDetail:
 
 
 def cancel_workflow(workflow_id: int, *, now_ms: int | None = None, using: str | None = None) -> CancelResult:
-    """Cancel every waiting member at once and ask every running one to stop.
+    """Cancel every waiting and blocked member and ask every running one to stop, in one transaction.
 
-    The waiting members are cancelled together, so none is released to run anyway
-    (``on_failure="run"``) by another's cancel; a running member is cancelled when its handler returns.
+    The members are all cancelled before any of their ends is counted, so none is released to
+    run anyway (``on_failure="run"``) by another's cancel, however many there are; a running
+    member is recorded as cancelled when its handler returns.
     """
     alias = alias_of(using)
     row = _row(workflow_id, alias)
     active = jobs_on(alias).filter(workflow_id=row.pk).active()
-    return cancel(active, now_ms=now_ms, using=alias)
+    return cancel_together(active, now_or(now_ms), alias)
 
 
 def retry_workflow(workflow_id: int, *, now_ms: int | None = None, using: str | None = None) -> RetryResult:
@@ -154,7 +156,8 @@ def retry_workflow(workflow_id: int, *, now_ms: int | None = None, using: str | 
     A member cancelled because a job it waited for failed (``cancelled_by``) comes back by the
     retry of that job, waiting for it again, as do the members waiting for it in turn. When that
     job is outside the workflow (queued before it), it is retried too. A member that stays
-    cancelled is in ``skipped`` with the reason.
+    cancelled is in ``skipped`` with the reason. One transaction: every member is counted again
+    once all of them are back.
     """
     alias = alias_of(using)
     row = _row(workflow_id, alias)
@@ -164,7 +167,7 @@ def retry_workflow(workflow_id: int, *, now_ms: int | None = None, using: str | 
     member_ids = set(members.values_list("pk", flat=True))
     targets = [pk for pk, status, cancelled_by in rows if status == Status.DEAD or cancelled_by is None]
     targets += sorted({cancelled_by for _, _, cancelled_by in rows if cancelled_by is not None} - member_ids)
-    result = retry(targets, now_ms=now_ms, using=alias)
+    result = retry_together(targets, now_or(now_ms), alias)
     still = members.filter(status=Status.CANCELLED, cancelled_by__isnull=False).values_list("pk", "cancelled_by")
     for pk, cancelled_by in still:
         result.skipped.setdefault(pk, f"it stays cancelled: job {cancelled_by}, which it waited for, was not retried")

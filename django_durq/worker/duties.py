@@ -17,7 +17,7 @@ from .. import schedules
 from ..conf import DurqSettings
 from ..db import dialect_for
 from ..db.dependencies import settle, uncounted_ends
-from ..models import Dependency, Job, QueueStat, Status, Workflow
+from ..models import ACTIVE_STATUSES, Dependency, Job, QueueStat, Status, Workflow
 from .maintenance import INTERVAL_MS, register_duty
 
 # Pruning looks again after a tenth of the shortest time rows are kept, within these bounds: a
@@ -177,6 +177,9 @@ class SettleDuty:
 class WorkflowRetention:
     """Deletes a workflow as a unit once every job of it has ended and the last ended longer ago than
     KEEP_FINISHED (KEEP_DEAD too when one ended dead or cancelled): never part of a live workflow.
+
+    Nor an end not counted yet: a workflow whose job a later one waits for (``after=``) stays until
+    that end is counted (the settle sweep, within a second), so deleting its edges loses no count.
     """
 
     name = "workflow-retention"
@@ -192,7 +195,7 @@ class WorkflowRetention:
         for workflow_id in Workflow.objects.using(alias).order_by("id").values_list("id", flat=True)[: self.batch_size]:
             with transaction.atomic(using=alias):
                 jobs = Job.objects.using(alias).select_for_update().filter(workflow_id=workflow_id)
-                if jobs.filter(status__in=(Status.WAITING, Status.RUNNING)).exists():
+                if jobs.filter(status__in=ACTIVE_STATUSES).exists():
                     continue
                 last = jobs.aggregate(last=Max("finished_ms"))["last"] or 0
                 keep_ms = [self.settings.keep_finished_ms]
@@ -201,6 +204,8 @@ class WorkflowRetention:
                 if None in keep_ms or last >= now_ms - max(keep_ms):  # type: ignore[type-var]
                     continue
                 ids = list(jobs.values_list("id", flat=True))
+                if Dependency.objects.using(alias).filter(depends_on_id__in=ids, settled=False).exists():
+                    continue  # an end not counted yet: the settle sweep counts it first
                 Dependency.objects.using(alias).filter(Q(job_id__in=ids) | Q(depends_on_id__in=ids)).delete()
                 Job.objects.using(alias).filter(id__in=ids).delete()
                 Workflow.objects.using(alias).filter(id=workflow_id).delete()

@@ -83,7 +83,9 @@ class Command(WorkflowCommands, BaseCommand):
             parser_class=OneLineParser,
         )
 
-        stats = commands.add_parser("stats", help="Counts per queue: waiting, delayed, running, dead, oldest wait, throughput.")
+        stats = commands.add_parser(
+            "stats", help="Counts per queue: waiting, delayed, blocked, running, dead, oldest wait, throughput."
+        )
         stats.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
         show = commands.add_parser("show", help="Did it run? One job's state, times, duration, result and last error.")
@@ -160,7 +162,19 @@ class Command(WorkflowCommands, BaseCommand):
 
     def _stats_table(self, rows: list[ops.QueueStats]) -> None:
         table = [
-            ["QUEUE", "STATE", "WAITING", "DELAYED", "RUNNING", "DEAD", "OLDEST WAIT", "DONE 1m/1h", "FAILED 1m/1h", "WORKERS"]
+            [
+                "QUEUE",
+                "STATE",
+                "WAITING",
+                "DELAYED",
+                "BLOCKED",
+                "RUNNING",
+                "DEAD",
+                "OLDEST WAIT",
+                "DONE 1m/1h",
+                "FAILED 1m/1h",
+                "WORKERS",
+            ]
         ]
         for row in rows:
             table.append(
@@ -169,6 +183,7 @@ class Command(WorkflowCommands, BaseCommand):
                     "paused" if row.paused else "active",
                     str(row.waiting),
                     str(row.delayed),
+                    str(row.blocked),
                     str(row.running),
                     str(row.dead),
                     ops.format_age(row.oldest_wait_ms),
@@ -205,9 +220,9 @@ class Command(WorkflowCommands, BaseCommand):
     def _show(self, job: Job) -> None:
         took = job_output.took_s(job)
         lines = [
-            f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.status}",
+            f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.state}",
             f"  created   {ops.local_time(job.created_ms)}",
-            f"  due       {ops.local_time(job.run_at_ms)}",
+            f"  due       {job_output.due(job)}",
             f"  started   {ops.local_time(job.started_ms)} (attempt {job.attempts} of {job.max_attempts})",
             f"  ended     {ops.local_time(job.finished_ms)}" + (f", after {took:.3f} s" if took is not None else ""),
         ]
