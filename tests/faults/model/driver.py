@@ -34,7 +34,7 @@ from tests.conftest import WorkerProcess, wait_until
 from tests.ledger.model_jobs import TYPES
 from tests.ledger.models import Span
 
-from .scenario import BatchSpec, FlowSpec, JobSpec, Op, Scenario
+from .spec import BatchSpec, FlowSpec, JobSpec, Op, Scenario
 
 TERMINAL = ("finished", "dead", "cancelled")
 # The queue is quiet when no acknowledged job is active (but for those a long rate window
@@ -88,12 +88,13 @@ class Driver:
         self.record = Record()
         self.workers: dict[int, WorkerProcess] = {}
         self.every: list[WorkerProcess] = []
-        self.stopped: set[int] = set()
         self.specs = scenario.jobs_by_tag()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._sequence = 0
         self._stalls: list[threading.Thread] = []
         self._open: dict[tuple[int, str], float] = {}  # (pid, cause) -> when its blackout began
+        self._timers: list[threading.Timer] = []
+        self._lock = threading.Lock()  # the timers' SIGCONT and this thread's kill and stop
         self._start_mono = 0.0
 
     # --- the run ------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ class Driver:
             due, _, event = heapq.heappop(self._events)
             time.sleep(max(0.0, start + due - time.monotonic()))
             event()
-        for thread in self._stalls:
+        for thread in [*self._stalls, *self._timers]:
             thread.join()
         self._wait_quiet(quiet_cap_s)
         self.record.logs = [worker.output() for worker in self.every]
@@ -245,36 +246,37 @@ class Driver:
         worker = self.workers[slot]
         if worker.popen.poll() is not None:
             return
-        self.record.deaths[worker.pid] = wall_ms()
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.popen.wait()
-        if worker.pid in self.stopped:
-            self._end_blackout(worker.pid, "stop")
-        self._later(op.seconds, lambda: self._start(slot))
+        with self._lock:
+            self.record.deaths[worker.pid] = wall_ms()
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.popen.wait()
+        self._end_blackout(worker.pid, "stop")
+        self._later(op.seconds, partial(self._start, slot))
 
     def _stop(self, op: Op, action: Action) -> None:
+        """SIGSTOP a worker; a timer thread sends SIGCONT, as the stopped worker may hold a lock
+        (SQLite's write lock, a row lock) that this thread's next action waits for."""
         worker = self.workers[int(op.target)]
-        if worker.popen.poll() is not None or worker.pid in self.stopped:
-            return
-        self.stopped.add(worker.pid)
-        began = wall_ms()
-        os.killpg(worker.pid, signal.SIGSTOP)
-        self._open[(worker.pid, "stop")] = began
-        self._later(op.seconds, lambda: self._cont(worker))
+        with self._lock:
+            if worker.popen.poll() is not None or (worker.pid, "stop") in self._open:
+                return
+            self._open[(worker.pid, "stop")] = wall_ms()
+            os.killpg(worker.pid, signal.SIGSTOP)
+        timer = threading.Timer(op.seconds, self._cont, args=(worker,))
+        timer.start()
+        self._timers.append(timer)
 
     def _cont(self, worker: WorkerProcess) -> None:
-        if worker.pid not in self.stopped:
-            return
-        if worker.popen.poll() is None:
-            os.killpg(worker.pid, signal.SIGCONT)
+        with self._lock:
+            if worker.popen.poll() is None:
+                os.killpg(worker.pid, signal.SIGCONT)
         self._end_blackout(worker.pid, "stop")
 
     def _end_blackout(self, pid: int, cause: str) -> None:
-        began = self._open.pop((pid, cause), None)
-        if began is not None:
-            self.record.blackouts.append(Blackout(pid, began, wall_ms(), cause))
-        if cause == "stop":
-            self.stopped.discard(pid)
+        with self._lock:
+            began = self._open.pop((pid, cause), None)
+            if began is not None:
+                self.record.blackouts.append(Blackout(pid, began, wall_ms(), cause))
 
     def _stall(self, op: Op, action: Action) -> None:
         """Hold a lock a worker's renewal needs for ``op.seconds``: the row of a running job (the

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .driver import Blackout, Record
-from .scenario import Scenario
+from .spec import Scenario
 
 LEASE_MS = 2_000
 HEARTBEAT_MS = 500

@@ -1,10 +1,8 @@
 """Random scenarios for the model-based chaos test: a seed gives one schedule of work, operator actions and faults.
 
-A :class:`Scenario` is plain data: the workers (which queues each serves, with which settings),
-the jobs and workflows to queue and when, and a timeline of operator actions and faults, each at
-a time in seconds from the scenario's start. The same seed always gives the same scenario
-(``generate`` draws from one ``random.Random(seed)``); what the workers then do with it depends
-on timing, which is the point. :meth:`Scenario.describe` prints it.
+The same seed always gives the same :class:`~.spec.Scenario` (``generate`` draws from one
+``random.Random(seed)``); what the workers then do with it depends on timing, which is the point.
+A heavy scenario is several rounds of a short one's mix, one after another.
 
 Every scenario mixes the promises of flow control and workflows, so that each run puts most of
 them at risk at once:
@@ -28,140 +26,14 @@ them at risk at once:
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
+from .spec import BatchSpec, FlowSpec, JobSpec, Member, Op, Scenario, WorkerSpec
+
 LEASE_S = 2.0
-QUEUES = ("default", "fast", "video", "webhooks")
-# Job types (tests/ledger/model_jobs.py) that take a limit key.
-KEYED = ("model.solo", "model.solo_too", "model.pair", "model.metered", "model.often", "model.seldom")
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job: its type and options, and what its handler does (see tests/ledger/model_jobs.py)."""
-
-    tag: str
-    type: str = "model.work"
-    queue: str = "default"
-    key: str = ""
-    hold: float = 0.0
-    hold_first: float = 0.0
-    stubborn: bool = False
-    fail: str = ""
-    max_attempts: int = 3
-    timeout: float | None = None
-    unique: str | None = None
-
-    def kwargs(self) -> dict[str, Any]:
-        """The handler's arguments: the tag, and only what differs from the defaults."""
-        found: dict[str, Any] = {"tag": self.tag}
-        if self.key:
-            found["key"] = self.key
-        for name, default in (("hold", 0.0), ("hold_first", 0.0), ("stubborn", False), ("fail", "")):
-            if getattr(self, name) != default:
-                found[name] = getattr(self, name)
-        return found
-
-    def short(self) -> str:
-        parts = [self.type.removeprefix("model."), self.queue]
-        if self.key:
-            parts.append(f"key={self.key}")
-        if self.hold or self.hold_first:
-            parts.append(f"hold={self.hold_first or self.hold:g}")
-        parts += [word for word, on in (("stubborn", self.stubborn), (f"fail={self.fail}", self.fail)) if on]
-        if self.timeout:
-            parts.append(f"timeout={self.timeout:g}")
-        if self.unique:
-            parts.append(f"unique={self.unique}")
-        return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class Member:
-    job: JobSpec
-    after: tuple[int, ...] = ()  # indexes of earlier members
-    external: tuple[str, ...] = ()  # tags of plain jobs queued before the workflow
-    on_failure: str | None = None
-
-
-@dataclass(frozen=True)
-class FlowSpec:
-    name: str
-    at: float
-    members: tuple[Member, ...]
-    on_failure: str = "cancel"
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    name: str
-    at: float
-    jobs: tuple[JobSpec, ...]
-
-
-@dataclass(frozen=True)
-class Op:
-    """An operator action or a fault at ``at`` seconds; ``target`` names a workflow, a job tag, a queue or a worker slot."""
-
-    at: float
-    # cancel_workflow, cancel_job, retry_job, retry_cause (the job that cancelled this one),
-    # retry_workflow, pause, replace, kill, stop, stall (target: "any", or the prefix of the tags
-    # of the jobs to lock one of once they all run)
-    kind: str
-    target: str
-    seconds: float = 0.0  # pause, stop, stall: how long; kill: how long until the slot's worker restarts
-    mode: str = ""  # replace: "replace" or "reschedule"
-
-    def __str__(self) -> str:
-        extra = f" {self.mode}" if self.mode else ""
-        extra += f" for {self.seconds:.1f} s" if self.seconds else ""
-        return f"t={self.at:5.2f} {self.kind} {self.target}{extra}"
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    queues: tuple[tuple[str, int], ...]
-
-    def args(self) -> list[str]:
-        return [arg for queue, concurrency in self.queues for arg in ("--queue", f"{queue}:{concurrency}")]
-
-
-@dataclass
-class Scenario:
-    seed: int
-    heavy: bool
-    workers: list[WorkerSpec] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    flows: list[FlowSpec] = field(default_factory=list)
-    batches: list[BatchSpec] = field(default_factory=list)
-    ops: list[Op] = field(default_factory=list)
-    duration: float = 0.0
-
-    def jobs_by_tag(self) -> dict[str, JobSpec]:
-        found = {job.tag: job for batch in self.batches for job in batch.jobs}
-        found.update({member.job.tag: member.job for flow in self.flows for member in flow.members})
-        return found
-
-    def describe(self) -> str:
-        lines = [f"scenario seed {self.seed} ({'heavy' if self.heavy else 'short'}, {self.duration:.0f} s)"]
-        lines.append("  workers: " + "; ".join(" ".join(w.args()[1::2]) for w in self.workers) + f"; env {self.env}")
-        for batch in self.batches:
-            lines.append(f"  t={batch.at:5.2f} batch {batch.name}: {len(batch.jobs)} jobs")
-            lines += [f"      {job.tag}: {job.short()}" for job in batch.jobs[:12]]
-            if len(batch.jobs) > 12:
-                lines.append(f"      … and {len(batch.jobs) - 12} more like {batch.jobs[-1].short()}")
-        for flow in self.flows:
-            lines.append(f"  t={flow.at:5.2f} workflow {flow.name} (on_failure {flow.on_failure}): {len(flow.members)} members")
-            for member in flow.members[:12]:
-                after = [flow.members[i].job.tag for i in member.after] + list(member.external)
-                policy = f" on_failure={member.on_failure}" if member.on_failure else ""
-                lines.append(f"      {member.job.tag}: {member.job.short()} after {after}{policy}")
-            if len(flow.members) > 12:
-                lines.append(f"      … and {len(flow.members) - 12} more")
-        lines += [f"  {op}" for op in sorted(self.ops, key=lambda op: op.at)]
-        return "\n".join(lines)
+ROUND_S = 20.0  # how long each round of a heavy scenario lasts, about
 
 
 def generate(seed: int, heavy: bool = False) -> Scenario:
@@ -177,19 +49,39 @@ class _Generator:
         hourly = heavy and rng.random() < 0.5
         self.duration = 85.0 if hourly else (_u(rng, 30, 60) if heavy else 14.0)
         self.scenario = Scenario(seed, heavy, duration=self.duration)
+        self.solo_fast = False
+        self.origin, self.span, self.prefix = 0.0, self.duration, ""
         self._workers()
+        if hourly:
+            self._hourly()
+        # A heavy scenario is several rounds of a short one's mix, one after another.
+        rounds = round(self.duration / ROUND_S) if heavy else 1
+        self.span = self.duration / rounds
+        for index in range(rounds):
+            self.origin = index * self.span
+            self.prefix = f"r{index}." if heavy else ""
+            self._round()
+
+    def _round(self) -> None:
+        rng = self.rng
         self._keyed()
         self._timeouts()
         self._video()
-        self._rates(hourly)
+        self._rates()
         self._stream_and_pause()
-        flows = rng.randint(6, 10) if heavy else 3
         builders = [self._chain, self._fan_in, self._graph, self._external]
+        flows = rng.randint(3, 4) if self.heavy else 3
         for index in range(flows):
-            builders[index % len(builders) if index < len(builders) else rng.randrange(len(builders))](f"w{index}")
-        if rng.random() < (0.6 if heavy else 0.4):
-            self._wide(f"w{flows}")
+            builders[index % len(builders) if index < len(builders) else rng.randrange(len(builders))](f"{self.prefix}w{index}")
+        if rng.random() < (0.3 if self.heavy else 0.4):
+            self._wide(f"{self.prefix}w{flows}")
         self._faults()
+        if self.solo_fast:
+            self._lapse_on_worker_0()
+
+    def _t(self, low: float, high: float) -> float:
+        """A time in this round: ``low`` to ``high`` seconds after its start."""
+        return self.origin + _u(self.rng, low, high)
 
     # --- workers ------------------------------------------------------------------------------
 
@@ -231,8 +123,8 @@ class _Generator:
         """Jobs of two types sharing keys across three queues (max_running 1), and a max_running 2 key."""
         rng = self.rng
         keys = [f"k{n}" for n in range(rng.randint(3, 4) if self.heavy else 2)]
-        for round_, at in enumerate((0.0, _u(rng, 2, self.duration / 2))):
-            name = f"keyed{round_}"
+        for round_, at in enumerate((self.origin, self._t(2, self.span / 2))):
+            name = f"{self.prefix}keyed{round_}"
             jobs = [
                 JobSpec(
                     f"{name}.{key}.{n}",
@@ -250,43 +142,49 @@ class _Generator:
     def _timeouts(self) -> None:
         """A stubborn handler of key ``kt`` times out and keeps running; others of its key and queue wait."""
         rng = self.rng
-        at = _u(rng, 0.5, self.duration / 2)
-        first = JobSpec("timeout.kt", "model.solo", self._limited_queue(), "kt", 0.1, 3.5, True, max_attempts=2, timeout=1.0)
+        at = self._t(0.5, self.span / 2)
+        name = f"{self.prefix}timeout"
+        first = JobSpec(f"{name}.kt", "model.solo", self._limited_queue(), "kt", 0.1, 3.5, True, max_attempts=2, timeout=1.0)
         jobs = [first] + [
-            JobSpec(f"timeout.kt.{n}", rng.choice(["model.solo", "model.solo_too"]), self._limited_queue(), "kt", 0.2)
+            JobSpec(f"{name}.kt.{n}", rng.choice(["model.solo", "model.solo_too"]), self._limited_queue(), "kt", 0.2)
             for n in range(3)
         ]
-        jobs.append(JobSpec("timeout.video", "model.work", "video", "", 0.1, 3.5, True, max_attempts=2, timeout=1.0))
-        self._batch("timeout", at, jobs)
+        jobs.append(JobSpec(f"{name}.video", "model.work", "video", "", 0.1, 3.5, True, max_attempts=2, timeout=1.0))
+        self._batch(name, at, jobs)
 
     def _video(self) -> None:
         rng = self.rng
-        jobs = [JobSpec(f"video.{n}", queue="video", hold=_u(rng, 0.3, 0.8)) for n in range(rng.randint(6, 10))]
-        self._batch("video", _u(rng, 0, 2), jobs)
+        jobs = [JobSpec(f"{self.prefix}video.{n}", queue="video", hold=_u(rng, 0.3, 0.8)) for n in range(rng.randint(6, 10))]
+        self._batch(f"{self.prefix}video", self._t(0, 2), jobs)
 
-    def _rates(self, hourly: bool) -> None:
+    def _rates(self) -> None:
         rng = self.rng
-        burst = [JobSpec(f"webhooks.{n}", queue="webhooks", hold=rng.choice([0.0, 0.01])) for n in range(rng.randint(25, 40))]
-        self._batch("webhooks", _u(rng, 1, self.duration / 2), burst)
-        metered = [JobSpec(f"metered.{n}", "model.metered", self._limited_queue(), "m1") for n in range(8)]
-        self._batch("metered", _u(rng, 0, self.duration / 2), metered)
-        if hourly:
-            # Two of three start; the third waits an hour, whatever the 10/s jobs of its key do.
-            self._batch("hourly", 0.0, [JobSpec(f"hourly.{n}", "model.seldom", "default", "h1") for n in range(3)])
-            for round_, at in enumerate((0.5, _u(rng, 66, 72))):
-                often = [JobSpec(f"often{round_}.{n}", "model.often", self._limited_queue(), "h1") for n in range(6)]
-                self._batch(f"often{round_}", at, often)
+        name = f"{self.prefix}webhooks"
+        burst = [JobSpec(f"{name}.{n}", queue="webhooks", hold=rng.choice([0.0, 0.01])) for n in range(rng.randint(25, 40))]
+        self._batch(name, self._t(1, self.span / 2), burst)
+        name = f"{self.prefix}metered"
+        metered = [JobSpec(f"{name}.{n}", "model.metered", self._limited_queue(), "m1") for n in range(8)]
+        self._batch(name, self._t(0, self.span / 2), metered)
+
+    def _hourly(self) -> None:
+        """Two of three ``2/h`` jobs start; the third waits an hour, whatever the ``10/s`` jobs of its key do."""
+        rng = self.rng
+        self._batch("hourly", 0.0, [JobSpec(f"hourly.{n}", "model.seldom", "default", "h1") for n in range(3)])
+        for round_, at in enumerate((0.5, _u(rng, 66, 72))):
+            often = [JobSpec(f"often{round_}.{n}", "model.often", self._limited_queue(), "h1") for n in range(6)]
+            self._batch(f"often{round_}", at, often)
 
     def _stream_and_pause(self) -> None:
         """Many short jobs in one queue, paused while they run; sometimes another pause elsewhere."""
         rng = self.rng
         queue = rng.choice(["default", "fast"])
-        at = _u(rng, 1, self.duration / 2)
-        jobs = [JobSpec(f"stream.{n}", queue=queue, hold=_u(rng, 0.005, 0.03)) for n in range(rng.randint(80, 150))]
-        self._batch("stream", at, jobs)
+        at = self._t(1, self.span / 2)
+        name = f"{self.prefix}stream"
+        jobs = [JobSpec(f"{name}.{n}", queue=queue, hold=_u(rng, 0.005, 0.03)) for n in range(rng.randint(80, 150))]
+        self._batch(name, at, jobs)
         self._op(at + _u(rng, 0.2, 0.6), "pause", queue, seconds=_u(rng, 1.5, 3.0))
         if rng.random() < 0.5:
-            self._op(_u(rng, 1, self.duration - 4), "pause", self._queue("default", "fast", "video"), seconds=_u(rng, 1, 3))
+            self._op(self._t(1, self.span - 4), "pause", self._queue("default", "fast", "video"), seconds=_u(rng, 1, 3))
 
     # --- workflows ------------------------------------------------------------------------------
 
@@ -320,7 +218,7 @@ class _Generator:
     def _chain(self, name: str) -> None:
         """A chain whose first step holds long while a later step, blocked, holds a dedupe key that an enqueue targets."""
         rng = self.rng
-        at = _u(rng, 0, self.duration / 3)
+        at = self._t(0, self.span / 3)
         length = rng.randint(3, 4)
         members = [Member(self._member_job(f"{name}.m0", hold=_u(rng, 1.0, 2.0), fail=""))]
         for index in range(1, length):
@@ -337,7 +235,7 @@ class _Generator:
     def _fan_in(self, name: str) -> None:
         """root → k members → callback; two members fail until retried, and one of them is retried."""
         rng = self.rng
-        at = _u(rng, 0, self.duration / 3)
+        at = self._t(0, self.span / 3)
         width = rng.randint(3, 5)
         root = Member(self._member_job(f"{name}.root", hold=_u(rng, 0.2, 0.8), fail=""))
         members = [root]
@@ -371,7 +269,7 @@ class _Generator:
 
     def _graph(self, name: str) -> None:
         rng = self.rng
-        at = _u(rng, 0, self.duration / 3)
+        at = self._t(0, self.span / 3)
         members: list[Member] = []
         for index in range(rng.randint(4, 7)):
             after = tuple(sorted(rng.sample(range(index), rng.randint(1, min(3, index))))) if index else ()
@@ -391,7 +289,7 @@ class _Generator:
     def _external(self, name: str) -> None:
         """A workflow waiting for a job queued before it, which is still running or already done."""
         rng = self.rng
-        at = _u(rng, 0, self.duration / 3)
+        at = self._t(0, self.span / 3)
         earlier = JobSpec(f"{name}.before", queue=self._queue(), hold=_u(rng, 0.5, 2.0))
         self._batch(f"{name}.before", at, [earlier])
         first = Member(self._member_job(f"{name}.m0"), external=(earlier.tag,))
@@ -401,7 +299,7 @@ class _Generator:
     def _wide(self, name: str) -> None:
         """More than 500 members behind a long root, cancelled while it runs; callbacks that run anyway wait for a few."""
         rng = self.rng
-        at = _u(rng, 0, self.duration / 3)
+        at = self._t(0, self.span / 3)
         members = [Member(JobSpec(f"{name}.root", hold=3.0))]
         members += [Member(JobSpec(f"{name}.m{n}"), (0,)) for n in range(rng.randint(505, 530))]
         for index in range(2):
@@ -418,16 +316,14 @@ class _Generator:
     def _faults(self) -> None:
         rng = self.rng
         slots = len(self.scenario.workers)
-        last = self.duration - 3
-        for _ in range(rng.randint(2, 5) if self.heavy else 1):
-            self._op(_u(rng, 1, last), "kill", str(rng.randrange(slots)), seconds=_u(rng, 0.5, 2.0))
-        for _ in range(rng.randint(1, 3) if self.heavy else int(rng.random() < 0.7)):
+        last = self.span - 3
+        for _ in range(rng.randint(1, 2) if self.heavy else 1):
+            self._op(self._t(1, last), "kill", str(rng.randrange(slots)), seconds=_u(rng, 0.5, 2.0))
+        for _ in range(int(rng.random() < 0.7)):
             slot = 0 if self.solo_fast and rng.random() < 0.6 else rng.randrange(slots)
-            self._op(_u(rng, 1, last), "stop", str(slot), seconds=LEASE_S + _u(rng, 0.5, 2.0))
-        for _ in range(rng.randint(1, 2) if self.heavy else int(rng.random() < 0.5)):
-            self._op(_u(rng, 1, last), "stall", "any", seconds=LEASE_S + _u(rng, 0.5, 1.5))
-        if self.solo_fast:
-            self._lapse_on_worker_0()
+            self._op(self._t(1, last), "stop", str(slot), seconds=LEASE_S + _u(rng, 0.5, 2.0))
+        for _ in range(int(rng.random() < 0.5)):
+            self._op(self._t(1, last), "stall", "any", seconds=LEASE_S + _u(rng, 0.5, 1.5))
 
     def _lapse_on_worker_0(self) -> None:
         """Stubborn long jobs on worker 0, the only one serving "fast", whose leases lapse in a stall or a stop.
@@ -436,17 +332,16 @@ class _Generator:
         renewals must keep the new attempts and never mistake them for the old ones.
         """
         rng = self.rng
-        at = _u(rng, 1, self.duration / 2)
-        jobs = [JobSpec(f"long.{n}", queue="fast", hold=4.0, stubborn=True, max_attempts=5) for n in range(2)]
-        self._batch("long", at, jobs)
+        at = self._t(1, self.span / 2)
+        name = f"{self.prefix}long"
+        jobs = [JobSpec(f"{name}.{n}", queue="fast", hold=4.0, stubborn=True, max_attempts=5) for n in range(2)]
+        self._batch(name, at, jobs)
         kind = rng.choice(["stall", "stop"])
-        self._op(at + _u(rng, 0.3, 0.8), kind, "long." if kind == "stall" else "0", seconds=LEASE_S + _u(rng, 0.5, 1.5))
+        self._op(at + _u(rng, 0.3, 0.8), kind, f"{name}." if kind == "stall" else "0", seconds=LEASE_S + _u(rng, 0.5, 1.5))
 
 
 def _with(spec: JobSpec, **changes: Any) -> JobSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
+    return dataclasses.replace(spec, **changes)
 
 
 def _u(rng: random.Random, low: float, high: float) -> float:
