@@ -298,7 +298,8 @@ class Driver:
             return
         job_id, claimed_by = min(running) if wanted else max(running, key=lambda row: self._hold(row[0]))
         action.jobs = [job_id]
-        pids = [worker.pid for worker in self.workers.values() if worker.popen.poll() is None]
+        # On SQLite every process waits, those started meanwhile too (_hold_lock adds them).
+        pids = self._live_pids()
         if self.vendor != "sqlite":
             pids = [int(claimed_by.split(":")[1])] if claimed_by.count(":") >= 2 else []
         locked = threading.Event()
@@ -333,7 +334,12 @@ class Driver:
         holder.rollback() if self.vendor != "sqlite" else holder.execute("ROLLBACK")
         holder.close()
         ended = wall_ms()
+        if self.vendor == "sqlite":
+            pids = sorted({*pids, *self._live_pids()})
         self.record.blackouts.extend(Blackout(pid, began, ended, "stall") for pid in pids)
+
+    def _live_pids(self) -> list[int]:
+        return [worker.pid for worker in list(self.workers.values()) if worker.popen.poll() is None]
 
     # --- the end --------------------------------------------------------------------------------
 

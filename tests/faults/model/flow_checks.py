@@ -23,10 +23,12 @@ from collections.abc import Callable
 from functools import partial
 
 from .driver import Action
-from .history import CLOCK_TOLERANCE_MS, LEASE_MS, History, SpanRow, Violation
+from .history import CLOCK_TOLERANCE_MS, HEARTBEAT_MS, LEASE_MS, History, SpanRow, Violation
 
-# The latency the flow-control guide states for a pause to reach jobs a worker claimed ahead.
-PAUSE_LATENCY_MS = 500
+# How long after a pause returns a job a worker had claimed ahead may still start: a heartbeat
+# (the workers' renewals, which can carry the news) and a quarter of a second more. Match it to
+# the bound docs/flow-control.md states.
+PAUSE_LATENCY_MS = HEARTBEAT_MS + 250
 # How much later than the rate allows a burst's last job may be claimed (wake-up, stalls, load).
 DELIVERY_SLACK_MS = 2_000
 
@@ -59,10 +61,15 @@ def _crowding(
         limit = limit_of(started)
         if not limit:
             continue
+        # A pair is excused when one of them had lost its place (its lease truly lapsed) by the time
+        # the other was claimed: the one still running, or a stale one that starts late.
         others = [
             span
             for span in spans
-            if span is not started and history.running_at(span, started.start) and not history.lapsed(span, started.claimed)
+            if span is not started
+            and history.running_at(span, started.start)
+            and not history.lapsed(span, started.claimed)
+            and not history.lapsed(started, span.claimed)
         ]
         if len(others) + 1 > limit:
             crowd = sorted([*others, started], key=lambda span: span.start)

@@ -30,16 +30,19 @@ def check_executions(history: History) -> list[Violation]:
         timeout = history.jobs[job_id].timeout_ms if job_id in history.jobs else None
         for index, later in enumerate(spans):
             for earlier in spans[:index]:
-                if not history.running_at(earlier, later.start) or history.lapsed(earlier, later.claimed):
+                if not history.running_at(earlier, later.start):
                     continue
-                if timeout and later.claimed >= earlier.start + timeout:
+                # The attempt with the older token is the one whose lease must have gone first.
+                old, new = sorted((earlier, later), key=lambda span: span.token)
+                if history.lapsed(old, new.claimed) or (timeout and new.claimed >= old.start + timeout):
                     continue
                 message = (
-                    f"job {job_id}: attempt {later.attempt} started at {history.t(later.start)} while attempt"
-                    f" {earlier.attempt} (token {earlier.token}) still ran, its lease not lapsed and not timed out"
+                    f"job {job_id}: attempt {later.attempt} (token {later.token}) started at {history.t(later.start)} while"
+                    f" attempt {earlier.attempt} (token {earlier.token}) still ran; the older one's lease had not lapsed"
+                    " nor its timeout passed when the newer was claimed"
                 )
                 found.append(Violation("one_execution_at_a_time", message, [job_id], [earlier, later]))
-        done = [span for span in spans if span.outcome == "done"]
+        done = sorted((span for span in spans if span.outcome == "done"), key=lambda span: span.token)
         for before, after in itertools.pairwise(done):
             if not _cut_off(history, job_id, before, after, timeout):
                 message = (
