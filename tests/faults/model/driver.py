@@ -74,6 +74,7 @@ class Record:
     blackouts: list[Blackout] = field(default_factory=list)
     deaths: dict[int, float] = field(default_factory=dict)  # pid -> when it was killed
     slots: dict[int, int] = field(default_factory=dict)  # pid -> slot
+    exits: dict[int, int] = field(default_factory=dict)  # pid -> exit code, of workers the test did not kill
     started_ms: float = 0.0
     quiet_ms: float = 0.0
     quiet: bool = False
@@ -119,6 +120,11 @@ class Driver:
         for thread in [*self._stalls, *self._timers]:
             thread.join()
         self._wait_quiet(quiet_cap_s)
+        for worker in self.every:
+            code = worker.popen.poll()
+            if code is not None and worker.pid not in self.record.deaths:
+                self.record.exits[worker.pid] = code  # it ended by itself: its handlers ended by now
+                self.record.deaths[worker.pid] = self.record.quiet_ms
         self.record.logs = [worker.output() for worker in self.every]
         return self.record
 

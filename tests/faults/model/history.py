@@ -108,18 +108,24 @@ class History:
         return span.start <= at_ms and (end is None or at_ms < end)
 
     def lapsed(self, span: SpanRow, at_ms: float) -> bool:
-        """Whether the lease of ``span``'s attempt may truly have expired by ``at_ms``.
+        """Whether the lease of ``span``'s attempt may truly have expired by ``at_ms``, and not been renewed since.
 
         Only a blackout of its process makes that possible: stopped, or its renewals blocked. The
         lease was last renewed at the latest a heartbeat (plus slack) before the blackout began,
         or at the claim if that came later, so it expires a lease after that; once the blackout
         ends, a renewal confirms or loses it within a heartbeat (plus slack).
         """
+        return self.lapsed_between(span, at_ms, at_ms)
+
+    def lapsed_between(self, span: SpanRow, after_ms: float, before_ms: float) -> bool:
+        """Whether the lease of ``span``'s attempt may truly have expired at some moment from ``after_ms`` to ``before_ms``."""
         # A span without its claim time was taken over before its handler read the row: claimed earlier.
         claimed = float(span.claim_ms) if span.claim_ms is not None else float("-inf")
         for blackout in self.blackouts.get(span.pid, []):
             renewed = max(blackout.began_ms - HEARTBEAT_MS - RENEWAL_SLACK_MS, claimed)
-            if renewed + LEASE_MS - CLOCK_TOLERANCE_MS <= at_ms <= blackout.ended_ms + HEARTBEAT_MS + 2 * RENEWAL_SLACK_MS:
+            expired = renewed + LEASE_MS - CLOCK_TOLERANCE_MS
+            confirmed = blackout.ended_ms + HEARTBEAT_MS + 2 * RENEWAL_SLACK_MS
+            if expired <= before_ms and after_ms <= confirmed:
                 return True
         return False
 

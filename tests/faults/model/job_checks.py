@@ -11,7 +11,8 @@
 - ``nothing_lost``: every job the test queued has its row, and a finished one the execution that
   finished it; no execution belongs to a job the test did not queue;
 - ``nothing_stuck``: once the faults are over the queue becomes quiet: no job waits or runs but
-  those a rate longer than the scenario rightly holds.
+  those a rate longer than the scenario rightly holds;
+- ``workers_survive``: a worker process ends only when the test kills it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def _cut_off(history: History, job_id: int, before: SpanRow, after: SpanRow, tim
     killed = history.record.deaths.get(before.pid)
     if killed is not None and killed >= ended:
         return True  # its process died before the completion could commit
-    if history.lapsed(before, after.claimed) or (timeout and ended - before.start >= timeout):
+    # Its lease may have lapsed while its completion waited to commit (and another claim, seen in
+    # the ledger or not, took the job over): the completion was fenced off.
+    if history.lapsed_between(before, ended, after.claimed) or (timeout and ended - before.start >= timeout):
         return True
     return _retried(history, job_id, ended, after.claimed)
 
@@ -140,3 +143,12 @@ def check_stuck(history: History) -> list[Violation]:
     )
     spans = [span for job_id in stuck for span in history.by_job.get(job_id, [])]
     return [Violation("nothing_stuck", message, stuck, spans)]
+
+
+def check_exits(history: History) -> list[Violation]:
+    found = []
+    for pid, code in sorted(history.record.exits.items()):
+        spans = [span for span in history.spans if span.pid == pid and span.end_us is None]
+        message = f"worker pid {pid} (slot {history.record.slots.get(pid)}) exited by itself with code {code}; see its log"
+        found.append(Violation("workers_survive", message, sorted({span.job_id for span in spans}), spans))
+    return found

@@ -21,6 +21,7 @@ CHECKS = (
     job_checks.check_cancels,
     job_checks.check_lost,
     job_checks.check_stuck,
+    job_checks.check_exits,
 )
 SHOWN_PER_INVARIANT = 3
 
@@ -62,6 +63,7 @@ def save(history: History, violations: list[Violation], folder: Path) -> None:
         "blackouts": [dataclasses.asdict(blackout) for blackout in record.blackouts],
         "deaths": record.deaths,
         "slots": record.slots,
+        "exits": record.exits,
         "jobs": [dataclasses.asdict(job) for job in history.jobs.values()],
         "spans": [dataclasses.asdict(span) for span in history.spans],
         "violations": [f"[{v.invariant}] {v.message}; jobs {v.jobs}" for v in violations],
