@@ -72,7 +72,8 @@ class _Generator:
         builders = [self._chain, self._fan_in, self._graph, self._external]
         flows = rng.randint(3, 4) if self.heavy else 3
         for index in range(flows):
-            builders[index % len(builders) if index < len(builders) else rng.randrange(len(builders))](f"{self.prefix}w{index}")
+            build = builders[index] if index < len(builders) else rng.choice(builders)
+            build(f"{self.prefix}w{index}")
         if rng.random() < (0.3 if self.heavy else 0.4):
             self._wide(f"{self.prefix}w{flows}")
         self._faults()
