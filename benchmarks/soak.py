@@ -4,6 +4,7 @@
     python benchmarks/soak.py --minutes 60 --db postgres
     python benchmarks/soak.py --db postgres --pg-restart   # a throwaway cluster, restarted every minute
     python benchmarks/soak.py --db sqlite --tests   # the fault suite at full size (DURQ_TEST_HEAVY=1)
+    python benchmarks/soak.py --db mysql --model --model-seeds 40   # model-based chaos, long scenarios
 
 For ``--minutes``, several ``durq_worker`` processes work a scratch database while enqueuer
 processes add jobs (some with dedupe keys, some delayed), the web app writes to the same SQLite
@@ -18,6 +19,11 @@ and the workers' memory over time. It exits 1 when the verdict fails.
 /usr/lib/postgresql/<version>/bin on a temporary directory and port (as the ``postgres`` user
 when run as root), restarted with ``pg_ctl restart -m fast`` every ``--restart-every`` seconds.
 The shared server is never restarted.
+
+``--model`` runs the model-based chaos test (``tests/faults/test_model_chaos.py``) at its long
+size: ``--model-seeds`` scenarios from the seed ``--seed``, each judged on its own, with every
+scenario's ledger, actions and worker logs kept in a folder it names. ``--tests`` runs it too,
+with fewer seeds, among the rest of the fault suite.
 """
 
 from __future__ import annotations
@@ -592,6 +598,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--keep", action="store_true", help="keep logs and the SQLite file even when it passes")
     parser.add_argument("--tests", action="store_true", help="run the fault suite at full size instead (DURQ_TEST_HEAVY=1)")
+    parser.add_argument("--model", action="store_true", help="run the model-based chaos test's long scenarios instead")
+    parser.add_argument("--model-seeds", type=int, default=20, help="how many scenarios --model runs (default 20)")
     parser.add_argument("--role", choices=["enqueuer"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
@@ -606,10 +614,28 @@ def main(argv: list[str]) -> int:
     if args.role == "enqueuer":
         sys.path.insert(0, str(ROOT))
         return enqueuer(args.out, args.seconds, args.rate, args.seed)
+    if args.model:
+        return run_model(args)
     if args.tests:
-        env = {**os.environ, "DURQ_TEST_DB": args.db, "DURQ_TEST_HEAVY": "1"}
+        env = {**os.environ, "DURQ_TEST_DB": args.db, "DURQ_TEST_HEAVY": "1", "DURQ_MODEL_FIRST_SEED": str(args.seed)}
         return subprocess.run([sys.executable, "-m", "pytest", "tests/faults", "-q"], cwd=ROOT, env=env).returncode
     return run(args)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    """The model-based chaos test's long scenarios, seeds ``--seed`` onwards; a failure names its seed and files."""
+    folder = Path(tempfile.mkdtemp(prefix="durq-model-"))
+    env = {
+        **os.environ,
+        "DURQ_TEST_DB": args.db,
+        "DURQ_TEST_HEAVY": "1",
+        "DURQ_MODEL_FIRST_SEED": str(args.seed),
+        "DURQ_MODEL_SEEDS": str(args.model_seeds),
+        "DURQ_MODEL_ARTIFACTS": str(folder),
+    }
+    say(f"model-based chaos on {args.db}: {args.model_seeds} long scenarios from seed {args.seed}; files in {folder}")
+    command = [sys.executable, "-m", "pytest", "tests/faults/test_model_chaos.py", "-k", "heavy", "-q", "-rfE"]
+    return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
 if __name__ == "__main__":

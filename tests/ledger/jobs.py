@@ -433,3 +433,7 @@ def summary(ctx, log=""):
                 f"summary {ctx.job_id} {ctx.attempt} {counts['finished']} {counts['dead']} {counts['cancelled']} {os.getpid()}\n"
             )
     return counts
+
+
+# The model-based chaos test's handlers live in a module of their own; importing it registers them.
+from . import model_jobs  # noqa: E402, F401
