@@ -68,6 +68,7 @@ _CLAIM_UNFLUSHED = _CLAIM.replace(
 _CLAIM_IDS = f"""
 {_TAKE}WHERE job.id = ANY(ARRAY(
     SELECT id FROM {JOB} WHERE id = ANY(%s::bigint[])
+        AND (id, COALESCE(limit_key, '')) IN (SELECT * FROM unnest(%s::bigint[], %s::text[]))
         AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
     FOR UPDATE SKIP LOCKED))
 {_RETURNING}
@@ -158,8 +159,10 @@ class PostgreSQLDialect(Dialect):
                 self.execute(f"PREPARE {name}({_CLAIM_TYPES}) AS {_numbered(sql)}")
         _PREPARED_ON.add(raw)
 
-    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, list(ids), now_ms, now_ms))
+    def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        ids = [job_id for job_id, _ in picks]
+        keys = [key or "" for _, key in picks]
+        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, ids, ids, keys, now_ms, now_ms))
         return [ClaimedJob.from_row(row) for row in rows]
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
