@@ -277,7 +277,8 @@ class QueueControl(models.Model):
 
     A row exists once a queue was paused or got a job with a limit; no row means "not paused,
     no limited jobs". Claims of a limited queue lock this row first, so that workers counting
-    running jobs and recent starts take turns (see db/flow.py).
+    places and recent starts take turns; the row ``:keys`` is the turn of every limited claim
+    (see db/gates.py).
     """
 
     queue = models.CharField(max_length=100, primary_key=True)

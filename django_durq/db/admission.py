@@ -35,13 +35,12 @@ ROUNDS = 8
 # Candidates read per round beyond the places left: some may belong to keys at their limit.
 SLACK = 16
 
-_COLUMNS = "id, limit_key, limit_running, limit_rate, limit_period_ms"
-# Jobs whose key's places already fill their own max_running are passed over by the read itself
-# (one probe of the places' key index per job read): a hot key's waiting jobs cost no round.
-_ROOM_ON_KEY = (
-    f"(limit_running IS NULL OR limit_key IS NULL OR limit_running >"
-    f" (SELECT COUNT(*) FROM {places.PLACES} AS place WHERE place.limit_key = {JOB}.limit_key))"
-)
+# The places held under a job's key, in every queue: one probe of the places' key index.
+_KEY_PLACES = f"(SELECT COUNT(*) FROM {places.PLACES} AS place WHERE place.limit_key = {JOB}.limit_key)"
+_COLUMNS = f"id, limit_key, limit_running, limit_rate, limit_period_ms, CASE WHEN limit_key IS NULL THEN 0 ELSE {_KEY_PLACES} END"
+# Jobs whose key's places already fill their own max_running are passed over by the read itself:
+# a hot key's waiting jobs cost no round.
+_ROOM_ON_KEY = f"(limit_running IS NULL OR limit_key IS NULL OR limit_running > {_KEY_PLACES})"
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class Admission:
         self.logs: dict[str, ScopeLog] = {}
         self.periods: dict[str, int] = {}  # per scope, the longest window checked there
         if limits.rate is not None:
-            self._read_logs({queue_scope(queue): limits.rate.count})
+            self._read_logs({queue_scope(queue): (limits.rate.count, limits.rate.period_ms)})
             self.periods[queue_scope(queue)] = limits.rate.period_ms
         self.key_running: dict[str, int] = {}  # places held per key, for the keys met so far
         self.taken: dict[str, int] = defaultdict(int)  # jobs admitted per key
@@ -153,7 +152,7 @@ class Admission:
             if not rows:
                 break
             self._meet(rows)
-            for candidate in rows:
+            for candidate, _ in rows:
                 seen.add(candidate.id)
                 if len(accepted) < limit and self.queue_room() != 0 and self.admits(candidate):
                     self.take(candidate)
@@ -167,28 +166,33 @@ class Admission:
                     self._full_rates.add((candidate.key, candidate.rate, candidate.period_ms))
         return accepted
 
-    def _meet(self, candidates: Sequence[Candidate]) -> None:
-        """Count the places and read the start logs of keys met for the first time (or deeper)."""
-        keys = sorted({c.key for c in candidates if c.key is not None} - set(self.key_running))
-        found = places.per_key(self.dialect, keys)
-        for key in keys:
-            self.key_running[key] = found.get(key, 0)
-        depths: dict[str, int] = {}
-        for candidate in candidates:
+    def _meet(self, candidates: Sequence[tuple[Candidate, int]]) -> None:
+        """Note the places of keys met for the first time, and read their start logs (deeper if need be).
+
+        A key's places are counted once per claim: while it holds its turns, only handlers that
+        end can change them, by freeing places, so the first count is never below the truth.
+        """
+        for candidate, held in candidates:
+            if candidate.key is not None:
+                self.key_running.setdefault(candidate.key, held)
+        wants: dict[str, tuple[int, int]] = {}
+        for candidate, _ in candidates:
             if candidate.rated:
                 assert candidate.key is not None and candidate.rate is not None and candidate.period_ms is not None
                 scope = key_scope(candidate.key)
                 self.periods[scope] = max(self.periods.get(scope, 0), candidate.period_ms)
                 known = self.logs.get(scope)
-                if (known is None or known.depth < candidate.rate) and depths.get(scope, 0) < candidate.rate:
-                    depths[scope] = max(candidate.rate, known.depth if known is not None else 0)
-        self._read_logs(depths)
+                if known is None or not known.covers(candidate.rate, candidate.period_ms):
+                    depth, period_ms = wants.get(scope, (known.depth, known.period_ms) if known is not None else (0, 0))
+                    wants[scope] = (max(depth, candidate.rate), max(period_ms, candidate.period_ms))
+        self._read_logs(wants)
 
-    def _read_logs(self, depths: dict[str, int]) -> None:
-        self.logs.update(starts.read(self.dialect, depths))
+    def _read_logs(self, wants: dict[str, tuple[int, int]]) -> None:
+        self.logs.update(starts.read(self.dialect, self.now_ms, wants))
 
-    def _candidates(self, count: int, seen: set[int], *, expired: bool) -> list[Candidate]:
-        """Jobs of the queue that could start, in claim order, leaving out those held back for a known reason."""
+    def _candidates(self, count: int, seen: set[int], *, expired: bool) -> list[tuple[Candidate, int]]:
+        """Jobs of the queue that could start, in claim order, leaving out those held back for a known reason;
+        each with the places held under its key."""
         params: list[Any] = [self.queue, self.now_ms]
         if expired:
             where = "status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts"
@@ -214,7 +218,7 @@ class Admission:
             f"SELECT {_COLUMNS} FROM {JOB}{hint} WHERE queue = %s AND {where} ORDER BY {order} LIMIT %s",
             [*params, count],
         )
-        return [Candidate(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
+        return [(Candidate(int(r[0]), r[1], r[2], r[3], r[4]), int(r[5])) for r in rows]
 
     # --- what the claim leaves behind ---------------------------------------------------------
 

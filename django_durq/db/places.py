@@ -67,17 +67,6 @@ def in_queue(dialect: Dialect, queue: str) -> int:
     return int(dialect.fetchall(f"SELECT COUNT(*) FROM {PLACES} WHERE queue = %s", (queue,))[0][0])
 
 
-def per_key(dialect: Dialect, keys: Sequence[str]) -> dict[str, int]:
-    """Places held per key, whatever the queue; keys without any are left out."""
-    if not keys:
-        return {}
-    marks = ", ".join(["%s"] * len(keys))
-    rows = dialect.fetchall(
-        f"SELECT limit_key, COUNT(*) FROM {PLACES} WHERE limit_key IN ({marks}) GROUP BY limit_key", list(keys)
-    )
-    return {key: int(count) for key, count in rows}
-
-
 def free_ended(dialect: Dialect) -> list[str]:
     """Free the places of worker processes whose row is gone; the queues whose places were freed.
 

@@ -6,9 +6,9 @@ A queue's rate counts the starts of scope ``q:<queue>``; a key's rate counts tho
 between two fixed windows lets twice the rate through, and hosts whose clocks disagree count
 the same starts.
 
-- **Counting reads at most ``count`` rows.** A claim reads, per scope, only its newest starts, as
-  many as the largest count of a rate it checks there: the window is full exactly when the
-  ``count``-th newest start lies inside it, and it opens when that start leaves it.
+- **Counting reads at most ``count`` rows.** A claim reads, per scope, only its newest starts in
+  the window, as many as the largest count of a rate it checks there: the window is full exactly
+  when the ``count``-th newest start lies inside it, and it opens when that start leaves it.
 - **The log is kept as long as its longest window.** Each row carries ``period_ms``: the longest
   window counted on its scope when it was written (the period of the limit that started it, of
   every other rate the writing claim checked on the scope, and the one the scope's newest row
@@ -45,11 +45,16 @@ def key_scope(key: str) -> str:
 
 @dataclass
 class ScopeLog:
-    """What a claim read of one scope: its newest starts, newest first, and how long the scope keeps them."""
+    """What a claim read of one scope: its newest starts in a window, newest first, and how long the scope keeps them."""
 
-    depth: int  # how many of the newest starts were asked for
+    depth: int  # the most starts read: the largest count of a rate checked on the scope
+    period_ms: int  # how far back they were read: the longest window checked on the scope
     newest: list[int] = field(default_factory=list)
     keep_ms: int = 0  # the period the scope's newest row carries
+
+    def covers(self, count: int, period_ms: int) -> bool:
+        """Whether what was read answers for a rate of ``count`` per ``period_ms``."""
+        return count <= self.depth and period_ms <= self.period_ms
 
     def starts_with(self, taken: int, now_ms: int) -> list[int]:
         """The newest starts, newest first, with ``taken`` starts of the claim in progress at ``now_ms``."""
@@ -71,25 +76,36 @@ class ScopeLog:
         return self.starts_with(taken, now_ms)[count - 1] + period_ms
 
 
-def read(dialect: Dialect, depths: Mapping[str, int]) -> dict[str, ScopeLog]:
-    """The newest starts of each scope, as many as ``depths`` asks for it, in one statement."""
-    if not depths:
+def read(dialect: Dialect, now_ms: int, wants: Mapping[str, tuple[int, int]]) -> dict[str, ScopeLog]:
+    """Per scope, its newest starts within ``(depth, period_ms)`` of ``wants``, and its newest row's period.
+
+    One statement: per scope, an index range read backwards that stops after ``depth`` rows of
+    the window, and a read of its newest row, however old, which carries how long it is kept.
+    """
+    if not wants:
         return {}
-    scopes = sorted(depths)
-    # One subquery per scope, each an index range read backwards that stops after ``depth`` rows.
-    parts = [
-        f"SELECT * FROM (SELECT scope, started_ms, period_ms FROM {STARTS} WHERE scope = %s"
-        f" ORDER BY started_ms DESC LIMIT %s) AS s{n}"
-        for n in range(len(scopes))
-    ]
-    params: list[object] = [value for scope in scopes for value in (scope, depths[scope])]
-    found: dict[str, list[tuple[int, int]]] = {scope: [] for scope in scopes}
-    for scope, started, period in dialect.fetchall(" UNION ALL ".join(parts), params):
-        found[scope].append((int(started), int(period or 0)))
-    logs = {}
-    for scope, rows in found.items():
-        rows.sort(reverse=True)
-        logs[scope] = ScopeLog(depths[scope], [started for started, _ in rows], rows[0][1] if rows else 0)
+    scopes = sorted(wants)
+    parts: list[str] = []
+    params: list[object] = []
+    for n, scope in enumerate(scopes):
+        depth, period_ms = wants[scope]
+        parts.append(
+            f"SELECT * FROM (SELECT scope, started_ms, period_ms, 1 AS newest FROM {STARTS} WHERE scope = %s"
+            f" ORDER BY started_ms DESC LIMIT 1) AS n{n}"
+        )
+        parts.append(
+            f"SELECT * FROM (SELECT scope, started_ms, period_ms, 0 AS newest FROM {STARTS} WHERE scope = %s"
+            f" AND started_ms > %s ORDER BY started_ms DESC LIMIT %s) AS w{n}"
+        )
+        params += [scope, scope, now_ms - period_ms, depth]
+    logs = {scope: ScopeLog(*wants[scope]) for scope in scopes}
+    for scope, started, period, newest in dialect.fetchall(" UNION ALL ".join(parts), params):
+        if newest:
+            logs[scope].keep_ms = int(period or 0)
+        else:
+            logs[scope].newest.append(int(started))
+    for log in logs.values():
+        log.newest.sort(reverse=True)
     return logs
 
 
