@@ -68,8 +68,8 @@ class FlowGate:
             return wait_s
         left_s = opens - time.monotonic()
         if left_s <= 0:
-            self._window_opens = None  # woken for it already; the claim that follows says what is next
-            return wait_s
+            self._window_opens = None  # open already (or it opened while the pool slept): claim now, once
+            return 0.0
         return min(wait_s, left_s)
 
     def next_due(self, now: int) -> int | None:
