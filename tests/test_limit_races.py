@@ -27,17 +27,17 @@ from django.db import connection, connections
 
 from django_durq import hooks, ops
 from django_durq.clock import ManualClock, use_clock
+from django_durq.conf import get_settings
 from django_durq.db import dialect_for, places
 from django_durq.db.flow import claim_limited
-from django_durq.limits import QueueLimits
-from django_durq.models import Job, WorkerProcess
+from django_durq.models import Job, LimitPlace, WorkerProcess
+from django_durq.store import Store
 from django_durq.testing import drain
 from tests.conftest import db_vendor, wait_until
 from tests.ledger import jobs
 from tests.test_limits_workers import Run, runs, wait_for_runs
 
 START = 1_800_000_000_000
-NONE = QueueLimits()
 
 
 @pytest.fixture
@@ -48,7 +48,8 @@ def clock():
 
 
 def claim(clock: ManualClock, queue: str = "default", limit: int = 10, worker: str = "w1"):
-    return claim_limited(dialect_for(connection), queue, limit, clock.now_ms(), worker, NONE)
+    limits = get_settings().queue(queue).limits
+    return claim_limited(dialect_for(connection), queue, limit, clock.now_ms(), worker, limits)
 
 
 def finish(claimed: list) -> None:
@@ -78,7 +79,24 @@ def workers_registered(count: int) -> None:
     wait_until(lambda: WorkerProcess.objects.count() >= count, 60, f"{count} worker(s) to register")
 
 
-# --- one key, one scope (claims in this process) --------------------------------------------------
+# --- places, and one key as one scope (claims in this process) ------------------------------------
+
+
+@pytest.mark.django_db
+def test_only_jobs_counted_against_a_running_limit_take_places(clock):
+    jobs.noop.enqueue()
+    assert len(Store("default").claim("default", 10, clock.now_ms(), "fast")) == 1  # the fast claim
+    jobs.metered.enqueue(log="/dev/null")  # a queue with a rate only
+    jobs.noop.enqueue()  # no limit, claimed by a limited claim
+    assert len(claim(clock, "webhooks")) == 1 and len(claim(clock, "default")) == 1
+    assert not LimitPlace.objects.exists()
+    capped = jobs.capped.enqueue(log="/dev/null")  # a queue with a max_running
+    keyed = jobs.rated_per_key.enqueue(key="k", log="/dev/null")  # a key, a rate only
+    (video,) = claim(clock, "video")
+    (default,) = claim(clock, "default")
+    assert video.placed and default.placed
+    held = LimitPlace.objects.values_list("job_id", "claim_token", "queue", "limit_key", "limit_running", "worker_id")
+    assert sorted(held) == [(capped.pk, 1, "video", None, None, "w1"), (keyed.pk, 1, "default", "k", None, "w1")]
 
 
 @pytest.mark.django_db
