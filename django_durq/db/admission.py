@@ -52,16 +52,19 @@ class Candidate:
     period_ms: int | None
 
     @property
-    def rated(self) -> bool:
-        """It has a rate of its own, counted on its key's start log."""
-        return self.key is not None and self.rate is not None and self.period_ms is not None
+    def own_rate(self) -> tuple[str, int, int] | None:
+        """(key, count, period) of the job's own rate, counted on its key's start log; None without one."""
+        if self.key is None or self.rate is None or self.period_ms is None:
+            return None
+        return self.key, self.rate, self.period_ms
 
 
 class Admission:
     """Places and starts counted for one claim of ``queue``, and the jobs admitted so far.
 
-    A claim builds it once it holds its turns (``db/gates.py``), so what it counts cannot change
-    under it; the idle probe builds one without turns, as an estimate that locks nothing.
+    A claim builds it once it holds its turns (``db/gates.py``), so what it counts cannot grow
+    under it (places and starts are added only by claims holding the same turns); the idle probe
+    builds one without turns, as an estimate that locks nothing.
     """
 
     def __init__(self, dialect: Dialect, queue: str, now_ms: int, limits: QueueLimits) -> None:
@@ -91,8 +94,8 @@ class Admission:
         if self.limits.max_running is not None:
             rooms.append(self.limits.max_running - self.queue_running - self.taken_total)
         if self.limits.rate is not None:
-            log = self.logs[queue_scope(self.queue)]
-            rooms.append(self.limits.rate.count - log.in_window(self.taken_total, self.now_ms, self.limits.rate.period_ms))
+            started = self.logs[queue_scope(self.queue)].in_window(self.taken_total, self.now_ms, self.limits.rate.period_ms)
+            rooms.append(self.limits.rate.count - started)
         return max(0, min(rooms)) if rooms else None
 
     def _running_full(self, candidate: Candidate) -> bool:
@@ -100,11 +103,10 @@ class Admission:
         return key is not None and at_most is not None and self.key_running.get(key, 0) + self.taken[key] >= at_most
 
     def _rate_full(self, candidate: Candidate) -> bool:
-        if not candidate.rated:
+        if candidate.own_rate is None:
             return False
-        assert candidate.key is not None and candidate.rate is not None and candidate.period_ms is not None
-        log = self.logs[key_scope(candidate.key)]
-        return log.full(self.taken_starts[candidate.key], self.now_ms, candidate.rate, candidate.period_ms)
+        key, count, period_ms = candidate.own_rate
+        return self.logs[key_scope(key)].full(self.taken_starts[key], self.now_ms, count, period_ms)
 
     def admits(self, candidate: Candidate) -> bool:
         """Whether ``candidate``'s own limits (its key's running places and start window) have room."""
@@ -113,8 +115,8 @@ class Admission:
     def take(self, candidate: Candidate) -> None:
         if candidate.key is not None:
             self.taken[candidate.key] += 1
-            if candidate.rated:
-                self.taken_starts[candidate.key] += 1
+        if candidate.own_rate is not None:
+            self.taken_starts[candidate.own_rate[0]] += 1
         self.taken_total += 1
 
     def opens_at(self) -> int | None:
@@ -126,10 +128,9 @@ class Admission:
             if opens is not None:
                 times.append(opens)
         for candidate in self.held_back:
-            if candidate.rated:
-                assert candidate.key is not None and candidate.rate is not None and candidate.period_ms is not None
-                log = self.logs[key_scope(candidate.key)]
-                opens = log.opens_at(self.taken_starts[candidate.key], self.now_ms, candidate.rate, candidate.period_ms)
+            if candidate.own_rate is not None:
+                key, count, period_ms = candidate.own_rate
+                opens = self.logs[key_scope(key)].opens_at(self.taken_starts[key], self.now_ms, count, period_ms)
                 if opens is not None:
                     times.append(opens)
         return min(times) if times else None
@@ -161,9 +162,8 @@ class Admission:
                 self.held_back.append(candidate)
                 if candidate.key is not None and self._running_full(candidate):
                     self._full_keys.add(candidate.key)
-                if candidate.key is not None and self._rate_full(candidate):
-                    assert candidate.rate is not None and candidate.period_ms is not None
-                    self._full_rates.add((candidate.key, candidate.rate, candidate.period_ms))
+                if candidate.own_rate is not None and self._rate_full(candidate):
+                    self._full_rates.add(candidate.own_rate)
         return accepted
 
     def _meet(self, candidates: Sequence[tuple[Candidate, int]]) -> None:
@@ -177,14 +177,15 @@ class Admission:
                 self.key_running.setdefault(candidate.key, held)
         wants: dict[str, tuple[int, int]] = {}
         for candidate, _ in candidates:
-            if candidate.rated:
-                assert candidate.key is not None and candidate.rate is not None and candidate.period_ms is not None
-                scope = key_scope(candidate.key)
-                self.periods[scope] = max(self.periods.get(scope, 0), candidate.period_ms)
-                known = self.logs.get(scope)
-                if known is None or not known.covers(candidate.rate, candidate.period_ms):
-                    depth, period_ms = wants.get(scope, (known.depth, known.period_ms) if known is not None else (0, 0))
-                    wants[scope] = (max(depth, candidate.rate), max(period_ms, candidate.period_ms))
+            if candidate.own_rate is None:
+                continue
+            key, count, period_ms = candidate.own_rate
+            scope = key_scope(key)
+            self.periods[scope] = max(self.periods.get(scope, 0), period_ms)
+            known = self.logs.get(scope)
+            if known is None or not known.covers(count, period_ms):
+                depth, longest_ms = wants.get(scope, (known.depth, known.period_ms) if known is not None else (0, 0))
+                wants[scope] = (max(depth, count), max(longest_ms, period_ms))
         self._read_logs(wants)
 
     def _read_logs(self, wants: dict[str, tuple[int, int]]) -> None:
@@ -227,6 +228,6 @@ class Admission:
         rows: list[tuple[str, int]] = []
         if self.limits.rate is not None:
             rows += [(queue_scope(self.queue), self.limits.rate.period_ms)] * len(started)
-        rows += [(key_scope(c.key), c.period_ms) for c in started if c.rated and c.key is not None and c.period_ms]
+        rows += [(key_scope(c.own_rate[0]), c.own_rate[2]) for c in started if c.own_rate is not None]
         keep = {scope: max(period, self.logs[scope].keep_ms) for scope, period in self.periods.items() if scope in self.logs}
         starts.record(self.dialect, self.now_ms, rows, keep)
