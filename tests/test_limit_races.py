@@ -182,6 +182,47 @@ def test_a_replace_that_changes_the_key_between_count_and_claim_does_not_pass_th
     assert (row.status, row.limit_key, row.attempts) == ("waiting", "busy", 0)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_claimer_counting_a_key_holds_back_claimers_of_the_key_in_other_queues(clock, monkeypatch):
+    if db_vendor() == "sqlite":
+        pytest.skip("SQLite has one writer: a second claimer waits for the first one's commit whatever it counts")
+    first = jobs.one_per_key.enqueue(key="k", log="/dev/null")
+    mate = jobs.key_mate.enqueue(key="k", log="/dev/null")  # the same key, another type, another queue
+
+    counted, go_on = threading.Event(), threading.Event()
+    real_jitter = hooks.jitter
+
+    def hold_after_counting(point: str) -> None:
+        if point == "admit" and threading.current_thread().name == "default":
+            counted.set()
+            go_on.wait(30)
+        real_jitter(point)
+
+    monkeypatch.setattr(hooks, "jitter", hold_after_counting)
+    claimed: dict[str, list[int]] = {}
+
+    def claimer(queue: str) -> None:
+        try:
+            claimed[queue] = [job.id for job in claim(clock, queue, worker=queue)]
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=claimer, args=("default",), name="default")
+    holder.start()
+    other = threading.Thread(target=claimer, args=("fast",), name="fast")
+    try:
+        assert counted.wait(30), "the first claimer did not admit the key's job"
+        other.start()
+        other.join(1.0)  # it counts the key only once the first claimer has claimed
+        assert "fast" not in claimed, "a claimer of another queue counted the key while the first one held its count"
+    finally:
+        go_on.set()
+        holder.join(30)
+        other.join(30)
+    assert claimed == {"default": [first.id], "fast": []}
+    assert Job.objects.get(pk=mate.pk).status == "waiting"
+
+
 # --- real workers --------------------------------------------------------------------------------
 
 
