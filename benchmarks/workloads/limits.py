@@ -50,10 +50,11 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
             load = procs.loadavg()
             t0 = time.monotonic()
             label = f"limits-{variant}-r{repeat}"
-            metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, label, env=env)
+            starts: list[float] = []
+            metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, label, env=env, starts=starts)
             rate = metrics.get("jobs_per_s")
             if variant == "rate_held":
-                metrics.update(_delivered(rate, jobs))
+                metrics.update(_delivered(starts))
             elif variant == "off":
                 baseline = rate
             elif rate and baseline:
@@ -69,16 +70,14 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
                 session.say(metrics["error"][-1500:])
 
 
-def _delivered(jobs_per_s: float | None, jobs: int) -> dict[str, Any]:
-    """The rate a held-back drain delivered: the starts after the first window's, over the time they took.
-
-    A full window's ``HELD_RATE`` jobs start at once; each later one starts as its window opens,
-    so the rest take ``(jobs - HELD_RATE) / rate`` seconds from the first start to the last.
+def _delivered(starts: list[float]) -> dict[str, Any]:
+    """The rate a held-back drain delivered: ``HELD_RATE`` over the mean time from a start to the one
+    ``HELD_RATE`` starts later (a second, for a limiter that starts held jobs as their window opens).
     """
-    if not jobs_per_s or jobs <= HELD_RATE:
+    gaps = [later - earlier for earlier, later in zip(starts, starts[HELD_RATE:], strict=False)]
+    if not gaps:
         return {"configured_per_s": HELD_RATE}
-    span_s = (jobs - 1) / jobs_per_s
-    return {"configured_per_s": HELD_RATE, "delivered_per_s": (jobs - HELD_RATE) / span_s}
+    return {"configured_per_s": HELD_RATE, "delivered_per_s": HELD_RATE / (sum(gaps) / len(gaps))}
 
 
 def _ratio(metrics: dict[str, Any]) -> str:
