@@ -369,10 +369,8 @@ class LimitPlace(models.Model):
 
     class Meta:
         db_table = "durq_limit_place"
-        indexes = [
-            models.Index(fields=["limit_key"], name="durq_limit_place_key"),
-            models.Index(fields=["queue"], name="durq_limit_place_queue"),
-        ]
+        # No index but the attempt's: a claim reads the whole table (as small as what runs under
+        # limits), and every index would cost each place taken and freed.
         constraints = [models.UniqueConstraint(fields=["job_id", "claim_token"], name="durq_limit_place_attempt")]
 
     def __str__(self) -> str:

@@ -35,12 +35,7 @@ ROUNDS = 8
 # Candidates read per round beyond the places left: some may belong to keys at their limit.
 SLACK = 16
 
-# The places held under a job's key, in every queue: one probe of the places' key index.
-_KEY_PLACES = f"(SELECT COUNT(*) FROM {places.PLACES} AS place WHERE place.limit_key = {JOB}.limit_key)"
-_COLUMNS = f"id, limit_key, limit_running, limit_rate, limit_period_ms, CASE WHEN limit_key IS NULL THEN 0 ELSE {_KEY_PLACES} END"
-# Jobs whose key's places already fill their own max_running are passed over by the read itself:
-# a hot key's waiting jobs cost no round.
-_ROOM_ON_KEY = f"(limit_running IS NULL OR limit_key IS NULL OR limit_running > {_KEY_PLACES})"
+_COLUMNS = "id, limit_key, limit_running, limit_rate, limit_period_ms"
 
 
 @dataclass(frozen=True)
@@ -72,18 +67,21 @@ class Admission:
         self.queue = queue
         self.now_ms = now_ms
         self.limits = limits
-        self.queue_running = places.in_queue(dialect, queue) if limits.max_running is not None else 0
+        # Places are counted once per claim: while it holds its turns only handlers that end can
+        # change them, by freeing places, so the count is never below the truth.
+        self.queue_running, self.key_running = places.counts(dialect, queue)  # per key: every queue
         self.logs: dict[str, ScopeLog] = {}
         self.periods: dict[str, int] = {}  # per scope, the longest window checked there
         if limits.rate is not None:
             self._read_logs({queue_scope(queue): (limits.rate.count, limits.rate.period_ms)})
             self.periods[queue_scope(queue)] = limits.rate.period_ms
-        self.key_running: dict[str, int] = {}  # places held per key, for the keys met so far
         self.taken: dict[str, int] = defaultdict(int)  # jobs admitted per key
         self.taken_starts: dict[str, int] = defaultdict(int)  # starts this claim will log, per key scope
         self.taken_total = 0
         self.held_back: list[Candidate] = []
-        self._full_keys: set[str] = set()  # keys whose places (with those taken) hold jobs back
+        # Keys whose places (with those taken) may fill a job's own max_running: the read passes
+        # over those jobs of theirs, so a busy key's waiting jobs cost no round.
+        self._full_keys: set[str] = set(self.key_running)
         self._full_rates: set[tuple[str, int, int]] = set()  # (key, rate, period) whose window is full
 
     # --- counting -------------------------------------------------------------------------------
@@ -153,7 +151,7 @@ class Admission:
             if not rows:
                 break
             self._meet(rows)
-            for candidate, _ in rows:
+            for candidate in rows:
                 seen.add(candidate.id)
                 if len(accepted) < limit and self.queue_room() != 0 and self.admits(candidate):
                     self.take(candidate)
@@ -166,17 +164,10 @@ class Admission:
                     self._full_rates.add(candidate.own_rate)
         return accepted
 
-    def _meet(self, candidates: Sequence[tuple[Candidate, int]]) -> None:
-        """Note the places of keys met for the first time, and read their start logs (deeper if need be).
-
-        A key's places are counted once per claim: while it holds its turns, only handlers that
-        end can change them, by freeing places, so the first count is never below the truth.
-        """
-        for candidate, held in candidates:
-            if candidate.key is not None:
-                self.key_running.setdefault(candidate.key, held)
+    def _meet(self, candidates: Sequence[Candidate]) -> None:
+        """Read the start logs of the rates met for the first time (or deeper, or further back)."""
         wants: dict[str, tuple[int, int]] = {}
-        for candidate, _ in candidates:
+        for candidate in candidates:
             if candidate.own_rate is None:
                 continue
             key, count, period_ms = candidate.own_rate
@@ -191,9 +182,8 @@ class Admission:
     def _read_logs(self, wants: dict[str, tuple[int, int]]) -> None:
         self.logs.update(starts.read(self.dialect, self.now_ms, wants))
 
-    def _candidates(self, count: int, seen: set[int], *, expired: bool) -> list[tuple[Candidate, int]]:
-        """Jobs of the queue that could start, in claim order, leaving out those held back for a known reason;
-        each with the places held under its key."""
+    def _candidates(self, count: int, seen: set[int], *, expired: bool) -> list[Candidate]:
+        """Jobs of the queue that could start, in claim order, leaving out those held back for a known reason."""
         params: list[Any] = [self.queue, self.now_ms]
         if expired:
             where = "status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts"
@@ -201,11 +191,14 @@ class Admission:
         else:
             where = "status = 'waiting' AND run_at_ms <= %s"
             order = "priority DESC, run_at_ms, id"
-        where += f" AND {_ROOM_ON_KEY}"
+        by_count: dict[int, list[str]] = defaultdict(list)
         for key in sorted(self._full_keys):
-            # Those of the key whose own max_running its places and this claim's jobs fill.
-            where += " AND NOT (COALESCE(limit_key, '') = %s AND COALESCE(limit_running, 0) BETWEEN 1 AND %s)"
-            params += [key, self.key_running.get(key, 0) + self.taken[key]]
+            by_count[self.key_running.get(key, 0) + self.taken[key]].append(key)
+        for held, keys in sorted(by_count.items()):
+            # Those of these keys whose own max_running the keys' places and this claim's jobs fill.
+            marks = ", ".join(["%s"] * len(keys))
+            where += f" AND NOT (COALESCE(limit_key, '') IN ({marks}) AND COALESCE(limit_running, 0) BETWEEN 1 AND %s)"
+            params += [*keys, held]
         for key, rate, period_ms in sorted(self._full_rates):
             # Those of the key with this very rate, whose window is full.
             where += " AND NOT (COALESCE(limit_key, '') = %s AND COALESCE(limit_rate, 0) = %s"
@@ -219,7 +212,7 @@ class Admission:
             f"SELECT {_COLUMNS} FROM {JOB}{hint} WHERE queue = %s AND {where} ORDER BY {order} LIMIT %s",
             [*params, count],
         )
-        return [(Candidate(int(r[0]), r[1], r[2], r[3], r[4]), int(r[5])) for r in rows]
+        return [Candidate(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
 
     # --- what the claim leaves behind ---------------------------------------------------------
 

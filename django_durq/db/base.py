@@ -188,6 +188,13 @@ class Dialect:
         fence, params = _fence(leases)
         return f"status = 'running' AND {fence}", params
 
+    def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
+        """A condition matching the rows of a table keyed by attempt (``job_id``, ``claim_token``): the
+        places under limits (db/places.py). Dialects that can pass the pairs as arrays override it.
+        """
+        pairs = ", ".join(["(%s, %s)"] * len(leases))
+        return f"(job_id, claim_token) IN ({pairs})", [value for lease in leases for value in lease]
+
     # --- shared, portable SQL --------------------------------------------------------------
 
     def insert_job(self, values: dict[str, Any], notify: bool) -> int:

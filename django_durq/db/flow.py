@@ -75,13 +75,9 @@ def claim_limited(
         # Claimed only under the key it was counted with: a debounce may have replaced it since the read.
         jobs = dialect.claim_ids([(candidate.id, candidate.key) for candidate in accepted], now_ms, worker_id)
         counted = {candidate.id: candidate for candidate in accepted}
-        held = []
         for job in jobs:
-            candidate = counted[job.id]
-            if places.needs_place(candidate.key, limits.max_running):
-                job.placed = True
-                held.append(((job.id, job.claim_token), candidate.key, candidate.max_running))
-        places.take(dialect, queue, worker_id, now_ms, held)
+            job.placed = places.needs_place(counted[job.id].key, limits.max_running)
+        places.take(dialect, worker_id, now_ms, [(job.id, job.claim_token) for job in jobs if job.placed])
         admission.record_starts([counted[job.id] for job in jobs])
     jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
     return jobs

@@ -58,6 +58,9 @@ _LOCK_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 # bound, drain rate unchanged). Misses are served from the operating system's page cache.
 DISPATCHER_PAGE_CACHE_KIB = 256
 
+# The places of these attempts (db/places.py), the pairs arriving the same way.
+_ATTEMPTS = "(job_id, claim_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(%s))"
+
 # Pairs arrive as one JSON array; SQLite looks each id up by rowid.
 _HELD = (
     "status = 'running' AND (id, claim_token) IN"
@@ -97,6 +100,9 @@ class SQLiteDialect(Dialect):
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _HELD, [json.dumps(leases)]
+
+    def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
+        return _ATTEMPTS, [json.dumps(leases)]
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

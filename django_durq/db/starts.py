@@ -19,6 +19,7 @@ the same starts.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -45,35 +46,41 @@ def key_scope(key: str) -> str:
 
 @dataclass
 class ScopeLog:
-    """What a claim read of one scope: its newest starts in a window, newest first, and how long the scope keeps them."""
+    """What a claim read of one scope: its newest starts in a window, and how long the scope keeps them."""
 
     depth: int  # the most starts read: the largest count of a rate checked on the scope
     period_ms: int  # how far back they were read: the longest window checked on the scope
-    newest: list[int] = field(default_factory=list)
+    ascending: list[int] = field(default_factory=list)  # the starts read, oldest first
     keep_ms: int = 0  # the period the scope's newest row carries
 
     def covers(self, count: int, period_ms: int) -> bool:
         """Whether what was read answers for a rate of ``count`` per ``period_ms``."""
         return count <= self.depth and period_ms <= self.period_ms
 
-    def starts_with(self, taken: int, now_ms: int) -> list[int]:
-        """The newest starts, newest first, with ``taken`` starts of the claim in progress at ``now_ms``."""
-        return sorted([now_ms] * taken + self.newest, reverse=True)
+    def in_window(self, taken: int, now_ms: int, period_ms: int) -> int:
+        """Starts in the window of ``period_ms`` ending now (``taken`` now by the claim in progress included)."""
+        return taken + len(self.ascending) - bisect_right(self.ascending, now_ms - period_ms)
+
+    def nth_newest(self, taken: int, now_ms: int, n: int) -> int | None:
+        """The ``n``-th newest start (1: the newest), ``taken`` starts at ``now_ms`` counted in; None if fewer."""
+        later = len(self.ascending) - bisect_right(self.ascending, now_ms)  # logged by a clock ahead of this one
+        if n <= later:
+            return self.ascending[-n]
+        if n <= later + taken:
+            return now_ms
+        index = len(self.ascending) - (n - taken)
+        return self.ascending[index] if index >= 0 else None
 
     def full(self, taken: int, now_ms: int, count: int, period_ms: int) -> bool:
         """Whether ``count`` starts (those taken now included) lie in the window of ``period_ms`` ending now."""
-        starts = self.starts_with(taken, now_ms)
-        return len(starts) >= count and starts[count - 1] > now_ms - period_ms
-
-    def in_window(self, taken: int, now_ms: int, period_ms: int) -> int:
-        """Starts in the window ending now, counted as far as ``depth`` reaches."""
-        return sum(1 for started in self.starts_with(taken, now_ms) if started > now_ms - period_ms)
+        return self.in_window(taken, now_ms, period_ms) >= count
 
     def opens_at(self, taken: int, now_ms: int, count: int, period_ms: int) -> int | None:
-        """When the window next lets one more start; None when it does now."""
+        """When the window next lets one more start: when the ``count``-th newest leaves it; None when it does now."""
         if not self.full(taken, now_ms, count, period_ms):
             return None
-        return self.starts_with(taken, now_ms)[count - 1] + period_ms
+        started = self.nth_newest(taken, now_ms, count)
+        return None if started is None else started + period_ms
 
 
 def read(dialect: Dialect, now_ms: int, wants: Mapping[str, tuple[int, int]]) -> dict[str, ScopeLog]:
@@ -103,9 +110,9 @@ def read(dialect: Dialect, now_ms: int, wants: Mapping[str, tuple[int, int]]) ->
         if newest:
             logs[scope].keep_ms = int(period or 0)
         else:
-            logs[scope].newest.append(int(started))
+            logs[scope].ascending.append(int(started))
     for log in logs.values():
-        log.newest.sort(reverse=True)
+        log.ascending.sort()
     return logs
 
 

@@ -35,10 +35,6 @@ class Migration(migrations.Migration):
             ],
             options={
                 "db_table": "durq_limit_place",
-                "indexes": [
-                    models.Index(fields=["limit_key"], name="durq_limit_place_key"),
-                    models.Index(fields=["queue"], name="durq_limit_place_queue"),
-                ],
                 "constraints": [models.UniqueConstraint(fields=("job_id", "claim_token"), name="durq_limit_place_attempt")],
             },
         ),
