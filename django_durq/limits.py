@@ -3,8 +3,10 @@
 A :class:`Limit` on ``@job`` is evaluated at enqueue: its ``key`` (the job's name when not given)
 and its numbers are stored on the row, so every worker enforces the same limit whatever code it
 runs, and an older worker that knows nothing of limits cannot be confused by them. The claim
-enforces them (``db/flow.py``), counting running rows and recent starts, not permits: a crashed
-holder frees its place when its lease expires, and a stale worker cannot free a place twice.
+enforces them (``db/flow.py``), counting the places of running handlers and recent starts, with
+one scope per key across every queue and job type: a handler holds its place until its thread
+ends, a dead worker's place frees once its process is known to have ended, and only the worker
+holding a place frees it.
 
 Per-queue limits (``DURQ["QUEUES"][name]["max_running"]`` and ``["rate"]``) are settings.
 """

@@ -292,7 +292,8 @@ class QueueControl(models.Model):
 
     A row exists once a queue was paused or got a job with a limit; no row means "not paused,
     no limited jobs". Claims of a limited queue lock this row first, so that workers counting
-    running jobs and recent starts take turns (see db/flow.py).
+    places and recent starts take turns; the row ``:keys`` is the turn of every limited claim
+    (see db/gates.py).
     """
 
     queue = models.CharField(max_length=100, primary_key=True)
@@ -311,12 +312,14 @@ class QueueControl(models.Model):
 class JobStart(models.Model):
     """One start of a rate-limited job: the sliding window of a rate limit counts these rows.
 
-    ``scope`` is ``q:<queue>`` for a queue's rate or ``k:<queue>:<key>`` for a key's; rows older
-    than the window are deleted by the next claim that reads it.
+    ``scope`` is ``q:<queue>`` for a queue's rate or ``key:<key>`` for a key's, whatever the
+    queue. ``period_ms`` is the longest window counted on the scope when the row was written; the
+    newest row carries it on, and the scope's rows are kept that long (see ``db/starts.py``).
     """
 
     scope = models.CharField(max_length=400)
     started_ms = models.BigIntegerField()
+    period_ms = models.BigIntegerField(null=True, blank=True, help_text="How long the scope's starts are kept.")
 
     class Meta:
         db_table = "durq_start"
@@ -360,3 +363,30 @@ class Dependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} after {self.depends_on_id}"
+
+
+class LimitPlace(models.Model):
+    """A place under a limit, held by one handler of a limited job from its claim until its thread ends.
+
+    The limited claim counts these rows, never rows whose status is ``running``: a handler whose
+    attempt was settled without it (a timeout, a lapsed lease) still runs, and still holds its
+    key's and its queue's place. A place of a worker process that has ended is freed by the
+    maintenance duty that removes the worker's row (see ``db/places.py``).
+    """
+
+    job_id = models.BigIntegerField()
+    claim_token = models.BigIntegerField()
+    queue = models.CharField(max_length=100)
+    limit_key = models.CharField(max_length=255, null=True, blank=True)
+    limit_running = models.PositiveIntegerField(null=True, blank=True, help_text="The job's own limit on its key.")
+    worker_id = models.CharField(max_length=200)
+    taken_ms = models.BigIntegerField()
+
+    class Meta:
+        db_table = "durq_limit_place"
+        # No index but the attempt's: a claim reads the whole table (as small as what runs under
+        # limits), and every index would cost each place taken and freed.
+        constraints = [models.UniqueConstraint(fields=["job_id", "claim_token"], name="durq_limit_place_attempt")]
+
+    def __str__(self) -> str:
+        return f"{self.limit_key or self.queue} held by job {self.job_id}#{self.claim_token}"

@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -20,6 +20,9 @@ from . import hooks
 from .clock import Clock
 from .db import ClaimedJob, Dialect, Lease, Renewal, dialect_for
 from .limits import QueueLimits
+
+if TYPE_CHECKING:
+    from .db.flow import Outlook
 
 logger = logging.getLogger("django_durq")
 
@@ -78,11 +81,12 @@ class Store:
         worker_id: str,
         limits: QueueLimits | None = None,
         clock: Clock | None = None,
+        outlook: Outlook | None = None,
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` due jobs; ``limits`` (a pool whose queue has any) claims limited jobs too."""
         hooks.jitter("claim")
         hooks.reach("in_claim", 0)  # a claim of a pool holding no completions, before its statement
-        return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock))
+        return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook))
 
     def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
         return self.retrying("probe", lambda d: d.due_times(queue))

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
+from functools import partial
 
 from .clock import Clock, get_clock
 from .conf import get_settings
 from .context import JobContext
+from .db import places
 from .executor import Executor
 from .models import Job
 from .store import Store
@@ -43,7 +45,11 @@ def drain(queue: str | None = None, clock: Clock | None = None, max_jobs: int = 
             # to it once it meets one).
             for job in store.claim(name, 1, clock.now_ms(), worker_id, settings.queue(name).limits, clock):
                 ctx = JobContext(job, worker_id=worker_id, store=store, clock=clock, shutdown=shutdown)
-                outcomes[executor.run(job, ctx)] += 1
+                try:
+                    outcomes[executor.run(job, ctx)] += 1
+                finally:
+                    if job.placed:  # the handler has returned: its place under a limit is free
+                        store.retrying("free place", partial(places.free, leases=[ctx.lease]))
                 ran = True
         if not ran:
             break

@@ -13,10 +13,10 @@ from django.test import override_settings
 from django_durq import Limit, job
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
-from django_durq.db import dialect_for
+from django_durq.db import dialect_for, places
 from django_durq.db.flow import claim_limited, has_limited_jobs, next_start
 from django_durq.limits import QueueLimits, Rate
-from django_durq.models import Job, JobStart, QueueControl
+from django_durq.models import Job, JobStart, QueueControl, WorkerProcess
 from django_durq.registry import registry
 from django_durq.store import Store
 from django_durq.testing import drain
@@ -41,6 +41,13 @@ def claim(clock: ManualClock, limit: int = 10, queue: str = "default", limits: Q
 
 def keyed(key: str, **kwargs: object) -> Job:
     return jobs.one_per_key.enqueue(key=key, log="/dev/null", **kwargs)
+
+
+def end(*leases: tuple[int, int]) -> None:
+    """What a worker does when handlers return: complete their jobs and free their places."""
+    dialect = Store("default").dialect
+    assert dialect.complete(list(leases))
+    places.free(dialect, list(leases))
 
 
 # --- declaring limits -------------------------------------------------------------------------
@@ -164,18 +171,22 @@ def test_a_finished_holder_frees_its_key(clock):
     first, second = keyed("k"), keyed("k")
     (held,) = claim(clock)
     assert held.id == first.id and claim(clock) == []
-    assert Store("default").dialect.complete([(held.id, held.claim_token)])
+    end((held.id, held.claim_token))
     assert [job.id for job in claim(clock)] == [second.id]
 
 
-def test_a_crashed_holder_frees_its_key_when_its_lease_expires_not_before(clock):
+def test_a_crashed_holder_frees_its_key_once_its_worker_is_known_gone_not_when_its_lease_expires(clock):
+    WorkerProcess.objects.create(worker_id="crashed", host="h", pid=1, queues="{}", started_ms=START, last_seen_ms=START)
     first, second = keyed("k"), keyed("k")
     assert [job.id for job in claim(clock, worker="crashed")] == [first.id]
-    lease_ms = Job.objects.get(pk=first.pk).lease_ms
-    clock.advance(lease_ms - 1)
-    assert claim(clock, worker="w2") == []  # the lease still holds: so does the key
-    clock.advance(1)
-    # The expired attempt is run again first (it still holds the key's place), then the next job waits for it.
+    clock.advance(Job.objects.get(pk=first.pk).lease_ms)
+    # The lease has expired, but the handler may still run (a paused process resumes): the place holds.
+    assert claim(clock, worker="w2") == []
+    dialect = dialect_for(connection)
+    assert places.free_ended(dialect) == []  # its worker's row is there: alive as far as anyone knows
+    WorkerProcess.objects.filter(worker_id="crashed").delete()  # the maintenance duty found it ended
+    assert places.free_ended(dialect) == ["default"]
+    # The expired attempt is run again first, then the next job waits for it.
     retaken = claim(clock, worker="w2")
     assert [(job.id, job.reclaimed_from) for job in retaken] == [(first.id, "crashed")]
     assert Job.objects.get(pk=second.pk).status == "waiting"
@@ -190,7 +201,7 @@ def test_a_limit_of_n_admits_n_in_one_claim_and_counts_what_runs(clock):
         queued = [two_per_key.enqueue(key="k") for _ in range(5)]
         assert [job.id for job in claim(clock)] == [queued[0].id, queued[1].id]
         assert claim(clock) == []
-        Store("default").dialect.complete([(queued[0].id, 1)])
+        end((queued[0].id, 1))
         assert [job.id for job in claim(clock)] == [queued[2].id]
     finally:
         registry.remove("tests.two_per_key")
@@ -215,7 +226,7 @@ def test_a_queue_limit_counts_every_running_job_of_the_queue(clock):
     second = claim(clock, limit=4, queue="video", limits=limits, worker="w2")
     assert (len(first), len(second)) == (2, 1)
     assert claim(clock, queue="video", limits=limits, worker="w3") == []
-    Store("default").dialect.complete([(first[0].id, first[0].claim_token)])
+    end((first[0].id, first[0].claim_token))
     assert [job.id for job in claim(clock, queue="video", limits=limits)] == [queued[3].id]
 
 

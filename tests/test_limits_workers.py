@@ -104,7 +104,7 @@ def test_a_rate_of_ten_a_second_is_never_exceeded_across_four_workers(spawn_work
     assert claims[10] - claims[0] < 2_000
 
 
-def test_a_killed_holder_frees_its_key_when_its_lease_expires_and_a_blocked_worker_stays_idle(spawn_worker, tmp_path):
+def test_a_killed_holder_frees_its_key_once_its_process_is_gone_and_a_blocked_worker_stays_idle(spawn_worker, tmp_path):
     log = tmp_path / "runs.log"
     holder_env = {"DURQ_TEST_HEARTBEAT": "1"}
     held = jobs.one_per_key.using(lease=3).enqueue(key="k", log=str(log), hold=0.0, hold_first=60)
@@ -125,9 +125,12 @@ def test_a_killed_holder_frees_its_key_when_its_lease_expires_and_a_blocked_work
     ran = wait_for_runs(log, 2, 60, [waiter])
     rerun = next(run for run in ran if run.job_id == held.pk)
     after = next(run for run in ran if run.job_id == blocked.pk)
-    assert rerun.attempt == 2 and rerun.pid == waiter.pid
-    assert after.started >= rerun.ended  # the re-run held the key first
-    assert after.started >= killed_at  # nothing of the key ran while the dead holder's lease held
+    assert rerun.attempt == 2 and rerun.pid == waiter.pid  # run again once its lease expired
+    # The key's place freed once the holder's process was known gone (its lock released), and
+    # the two took turns on it, in whichever order they became claimable.
+    assert after.started >= killed_at
+    first, second = sorted([rerun, after], key=lambda run: run.started)
+    assert second.started >= first.ended
     # One read: the row may be deleted on success between two.
     assert list(Job.objects.filter(pk=blocked.pk).values_list("attempts", flat=True)) in ([], [1])
 

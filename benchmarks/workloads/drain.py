@@ -49,10 +49,12 @@ def drain_once(
     sample_interval_s: float = 0.1,
     series_points: int = 0,
     env: dict[str, str] | None = None,
+    starts: list[float] | None = None,
 ) -> dict[str, Any]:
     """One drain on a fresh database; its metrics (``error`` set when it did not finish).
 
-    ``env`` goes to the enqueue and to the workers (a variant of the system's settings).
+    ``env`` goes to the enqueue and to the workers (a variant of the system's settings). Given
+    ``starts``, the jobs' start times (wall clock, sorted) are added to it.
     """
     with session.fresh_database(adapter, database, label) as db:
         extra: dict[str, Any] = {}
@@ -69,6 +71,8 @@ def drain_once(
             group.stop_sampling()
             exit_codes = group.stop()
         metrics = summarize(tick_file, jobs, group, cpu)
+        if starts is not None:
+            starts.extend(sorted(t for _, t in ticks.read(tick_file)))
         metrics["concurrency_model"] = adapter.concurrency_model(concurrency)
         metrics["exit_codes"] = exit_codes
         if not finished:

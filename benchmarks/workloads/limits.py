@@ -6,7 +6,9 @@ Each variant drains the same number of no-op jobs with one ``durq_worker`` at co
 - ``per_key``: every job carries ``Limit(max_running=1)`` on one of 1,000 keys, so keys are
   plentiful and the limit never holds a job back: the drain measures what enforcing it costs;
 - ``queue_cap``: the queue has ``max_running`` of 100,000, never reached;
-- ``queue_rate``: the queue has a rate of 1,000,000 a second, never reached (every start logged).
+- ``queue_rate``: the queue has a rate of 1,000,000 a second, never reached (every start logged);
+- ``rate_held``: the queue has a rate of ``HELD_RATE`` a second, which holds the drain back all
+  along: what it measures is the rate delivered, against the rate configured.
 
 Repeats go round the variants in turn, so a change in the machine's load weighs on each alike;
 each variant's jobs/s is also reported as a ratio to ``off`` of the same repeat.
@@ -24,11 +26,14 @@ from . import drain
 
 NAME = "limits"
 CONCURRENCY = 4
+# The rate of ``rate_held``: with the default 5,000 jobs, five windows' worth.
+HELD_RATE = 1_000
 VARIANTS: dict[str, dict[str, str]] = {
     "off": {},
     "per_key": {"BENCH_DURQ_JOB": "keyed"},
     "queue_cap": {"BENCH_DURQ_MAX_RUNNING": "100000"},
     "queue_rate": {"BENCH_DURQ_RATE": "1000000/s"},
+    "rate_held": {"BENCH_DURQ_RATE": f"{HELD_RATE}/s"},
 }
 
 
@@ -45,9 +50,12 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
             load = procs.loadavg()
             t0 = time.monotonic()
             label = f"limits-{variant}-r{repeat}"
-            metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, label, env=env)
+            starts: list[float] = []
+            metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, label, env=env, starts=starts)
             rate = metrics.get("jobs_per_s")
-            if variant == "off":
+            if variant == "rate_held":
+                metrics.update(_delivered(starts))
+            elif variant == "off":
                 baseline = rate
             elif rate and baseline:
                 metrics["ratio_to_off"] = rate / baseline
@@ -62,7 +70,19 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
                 session.say(metrics["error"][-1500:])
 
 
+def _delivered(starts: list[float]) -> dict[str, Any]:
+    """The rate a held-back drain delivered: ``HELD_RATE`` over the mean time from a start to the one
+    ``HELD_RATE`` starts later (a second, for a limiter that starts held jobs as their window opens).
+    """
+    gaps = [later - earlier for earlier, later in zip(starts, starts[HELD_RATE:], strict=False)]
+    if not gaps:
+        return {"configured_per_s": HELD_RATE}
+    return {"configured_per_s": HELD_RATE, "delivered_per_s": HELD_RATE / (sum(gaps) / len(gaps))}
+
+
 def _ratio(metrics: dict[str, Any]) -> str:
+    if "configured_per_s" in metrics:
+        return f" (delivered {_fmt(metrics.get('delivered_per_s'))}/s of {metrics['configured_per_s']:,}/s)"
     ratio = metrics.get("ratio_to_off")
     return "" if ratio is None else f" ({ratio:.2f}× off)"
 

@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from . import places
+
 if TYPE_CHECKING:
     from ..clock import Clock
     from ..limits import QueueLimits
+    from .flow import Outlook
 
 JOB = "durq_job"
 
@@ -72,6 +75,7 @@ class ClaimedJob:
     handbacks: int = 0  # started attempts handed back uncounted so far
     dependents: int | None = None  # jobs waiting for this one (workflows.py); its end must be counted
     workflow_id: int | None = None
+    placed: bool = False  # a limited claim took a place for it (db/places.py): its worker frees it
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
@@ -147,13 +151,15 @@ class Dialect:
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         raise NotImplementedError
 
-    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        """Claim those of these jobs that are still claimable: due and waiting, or running under an expired lease.
+    def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        """Claim those of these (job id, limit key) that are still claimable: due and waiting, or running
+        under an expired lease, and still under the limit key they were counted with.
 
         A limited claim (db/flow.py) reads its candidates without locking them and claims what it
-        admitted with this: its turn keeps other limited claims away, and the condition, checked
-        under the row lock, leaves out a job that changed meanwhile. A row another transaction
-        has locked is skipped, not waited for, as the fast claim does.
+        admitted with this: its turns keep other limited claims away, and the condition, checked
+        under the row lock, leaves out a job that changed meanwhile (a debounce that replaced its
+        arguments, and so its key). A row another transaction has locked is skipped, not waited
+        for, as the fast claim does.
         """
         raise NotImplementedError
 
@@ -195,6 +201,13 @@ class Dialect:
         """
         fence, params = _fence(leases)
         return f"status = 'running' AND {fence}", params
+
+    def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
+        """A condition matching the rows of a table keyed by attempt (``job_id``, ``claim_token``): the
+        places under limits (db/places.py). Dialects that can pass the pairs as arrays override it.
+        """
+        pairs = ", ".join(["(%s, %s)"] * len(leases))
+        return f"(job_id, claim_token) IN ({pairs})", [value for lease in leases for value in lease]
 
     # --- shared, portable SQL --------------------------------------------------------------
 
@@ -316,15 +329,19 @@ class Dialect:
         kept: Sequence[tuple[Lease, int, str | None]] = (),
         limits: QueueLimits | None = None,
         clock: Clock | None = None,
+        free_places: Sequence[Lease] = (),
+        outlook: Outlook | None = None,
     ) -> tuple[set[Lease], list[ClaimedJob]]:
         """Record finished jobs and claim the next ones in one transaction: one commit, not two.
 
         ``leases`` are deleted; ``kept`` rows of (lease, finished at, result text) stay as
-        finished jobs (retention on).
+        finished jobs (retention on). ``free_places``: attempts whose handlers have ended, whose
+        places under limits (db/places.py) are freed first, so the claim may give them on.
         """
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases) | self.finish_many(kept)
-            claimed = self.claim_next(queue, limit, now_ms, worker_id, limits, clock) if limit > 0 else []
+            places.free(self, free_places)
+            claimed = self.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook) if limit > 0 else []
         return done, claimed
 
     def claim_next(
@@ -335,16 +352,18 @@ class Dialect:
         worker_id: str,
         limits: QueueLimits | None = None,
         clock: Clock | None = None,
+        outlook: Outlook | None = None,
     ) -> list[ClaimedJob]:
         """The fast claim, which leaves limited jobs alone, or with ``limits`` the claim that enforces them.
 
-        A limited claim reads ``clock`` again once it has its turn (see ``flow.claim_limited``).
+        A limited claim reads ``clock`` again once it has its turn, and tells ``outlook`` when a
+        rate window next opens (see ``flow.claim_limited``).
         """
         if limits is None:
             return self.claim(queue, limit, now_ms, worker_id)
         from .flow import claim_limited
 
-        return claim_limited(self, queue, limit, now_ms, worker_id, limits, clock)
+        return claim_limited(self, queue, limit, now_ms, worker_id, limits, clock, outlook)
 
     def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
         """Keep a batch of finished jobs (lease, finished at, result text) in one statement.

@@ -95,12 +95,14 @@ class MySQLDialect(Dialect):
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))
             return self._take(rows, now_ms, worker_id)
 
-    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        marks = ", ".join(["%s"] * len(ids))
+    def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        marks = ", ".join(["%s"] * len(picks))
+        pairs = ", ".join(["(%s, %s)"] * len(picks))
         rows = self.fetchall(
-            f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks}) AND ((status = 'waiting' AND run_at_ms <= %s)"
-            " OR (status = 'running' AND lease_expires_ms <= %s)) FOR UPDATE SKIP LOCKED",
-            [*ids, now_ms, now_ms],
+            f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks}) AND (id, COALESCE(limit_key, '')) IN ({pairs})"
+            " AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))"
+            " FOR UPDATE SKIP LOCKED",
+            [*(job_id for job_id, _ in picks), *(v for job_id, key in picks for v in (job_id, key or "")), now_ms, now_ms],
         )
         return self._take(rows, now_ms, worker_id)
 

@@ -69,6 +69,7 @@ _CLAIM_UNFLUSHED = _CLAIM.replace(
 _CLAIM_IDS = f"""
 {_TAKE}WHERE job.id = ANY(ARRAY(
     SELECT id FROM {JOB} WHERE id = ANY(%s::bigint[])
+        AND COALESCE(limit_key, '') = (%s::text[])[array_position(%s::bigint[], id)]
         AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
     FOR UPDATE SKIP LOCKED))
 {_RETURNING}
@@ -170,8 +171,10 @@ class PostgreSQLDialect(Dialect):
                 self.execute(f"PREPARE {name}({_CLAIM_TYPES}) AS {_numbered(sql)}")
         _PREPARED_ON.add(raw)
 
-    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, list(ids), now_ms, now_ms))
+    def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        ids = [job_id for job_id, _ in picks]
+        keys = [key or "" for _, key in picks]
+        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
         return [ClaimedJob.from_row(row) for row in rows]
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
@@ -199,6 +202,11 @@ class PostgreSQLDialect(Dialect):
             if len(renewed) < len(set(leases)):
                 busy = {(row[0], row[1]) for row in self.fetchall(_STILL_HELD, params)} - renewed.keys()
         return Renewal(renewed, busy)
+
+    def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
+        # Matched as pairs, not by position: two attempts of one job may both hold a place.
+        ids = [job_id for job_id, _ in leases]
+        return "(job_id, claim_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))", [ids, [t for _, t in leases]]
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

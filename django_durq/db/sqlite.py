@@ -43,7 +43,9 @@ RETURNING {", ".join(CLAIM_COLUMNS)}
 """
 
 # A limited claim's update of the jobs it picked under the write lock (db/flow.py).
-_CLAIM_IDS = f"""{_TAKE}WHERE id IN (SELECT value FROM json_each(%s))
+# Its picks arrive as one JSON array of [id, key counted] ("" for no key).
+_CLAIM_IDS = f"""{_TAKE}WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(%s))
+    AND (id, COALESCE(limit_key, '')) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(%s))
     AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
 RETURNING {", ".join(CLAIM_COLUMNS)}
 """
@@ -55,6 +57,9 @@ _LOCK_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 # grew with the number of jobs run (+4.4–4.8% from 1,000 to 100,000 jobs; +1.2–2.1% with this
 # bound, drain rate unchanged). Misses are served from the operating system's page cache.
 DISPATCHER_PAGE_CACHE_KIB = 256
+
+# The places of these attempts (db/places.py), the pairs arriving the same way.
+_ATTEMPTS = "(job_id, claim_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(%s))"
 
 # Pairs arrive as one JSON array; SQLite looks each id up by rowid.
 _HELD = (
@@ -83,8 +88,9 @@ class SQLiteDialect(Dialect):
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
 
-    def claim_ids(self, ids: Sequence[int], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, json.dumps(list(ids)), now_ms, now_ms))
+    def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        pairs = json.dumps([[job_id, key or ""] for job_id, key in picks])
+        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, pairs, pairs, now_ms, now_ms))
         return [ClaimedJob.from_row(row) for row in rows]
 
     def lock_gate(self, queue: str, now_ms: int) -> bool:
@@ -111,6 +117,9 @@ class SQLiteDialect(Dialect):
             return super().renew(leases, now_ms)
         finally:
             self.execute(f"PRAGMA busy_timeout = {waits}")
+
+    def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
+        return _ATTEMPTS, [json.dumps(leases)]
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
         for row in rows:

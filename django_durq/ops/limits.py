@@ -1,7 +1,9 @@
 """Limits at work: per queue, how much of its running and rate limits is used, and which keys are full.
 
-Read from the same rows the limited claim counts (``db/flow.py``), so what an operator sees is
-what holds jobs back: running jobs under an unexpired lease, and starts in the rate's window.
+Read from the same rows the limited claim counts (``db/places.py``, ``db/starts.py``), so what an
+operator sees is what holds jobs back: places held by running handlers, and starts in the rate's
+window. A key is one scope across queues: a queue lists the keys that hold back its due jobs or
+that its own handlers hold, with the places they hold in every queue.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any
 from django.db.models import Count, Min
 
 from ..conf import get_settings
-from ..db.flow import key_scope, queue_scope
-from ..models import JobStart, Status
+from ..db.starts import key_scope, queue_scope
+from ..models import JobStart, LimitPlace
 from .reading import alias_of, jobs_on, now_or
 
 # The most keys listed per queue; the count of keys at their limit is exact.
@@ -36,7 +38,7 @@ class KeyAtLimit:
 class LimitUsage:
     queue: str
     max_running: int | None  # the queue's own limit (DURQ["QUEUES"]), None when it has none
-    running: int  # running under an unexpired lease: what the limit counts
+    running: int  # places held by the queue's running handlers: what the limit counts
     rate: str | None  # the queue's own rate, as "10/s"
     started_in_window: int  # starts in the rate's window ending now
     keys_at_limit: int  # keys whose jobs wait because the key is full
@@ -50,12 +52,13 @@ class LimitUsage:
 
 
 def limit_usage(*, queue: str | None = None, now_ms: int | None = None, using: str | None = None) -> list[LimitUsage]:
-    """Queues with limits of their own or limited jobs, with what their limits hold back now."""
+    """Queues with limits of their own, limited jobs or places held, with what their limits hold back now."""
     now = now_or(now_ms)
     alias = alias_of(using)
     settings = get_settings()
     jobs = jobs_on(alias)
     limited_queues = set(jobs.filter(limit_key__isnull=False).active().values_list("queue", flat=True).distinct())
+    limited_queues |= set(LimitPlace.objects.using(alias).values_list("queue", flat=True).distinct())
     configured = {name for name, options in settings.queues.items() if options.limits.any}
     names = sorted((limited_queues | configured) if queue is None else {queue})
     return [_usage(name, now, alias) for name in names]
@@ -64,8 +67,7 @@ def limit_usage(*, queue: str | None = None, now_ms: int | None = None, using: s
 def _usage(queue: str, now: int, alias: str) -> LimitUsage:
     limits = get_settings().queue(queue).limits
     jobs = jobs_on(alias).in_queue(queue)
-    live = jobs.filter(status=Status.RUNNING, lease_expires_ms__gt=now)
-    running = live.count()
+    running = LimitPlace.objects.using(alias).filter(queue=queue).count()
     started = 0
     if limits.rate is not None:
         since = now - limits.rate.period_ms
@@ -89,28 +91,23 @@ def _usage(queue: str, now: int, alias: str) -> LimitUsage:
 
 
 def _full_keys(queue: str, now: int, alias: str) -> list[KeyAtLimit]:
-    """Keys of ``queue`` that may not start another job now, fullest first."""
-    jobs = jobs_on(alias).in_queue(queue)
-    running = {
-        row["limit_key"]: (row["n"], row["least"])
-        for row in jobs.filter(status=Status.RUNNING, lease_expires_ms__gt=now, limit_key__isnull=False)
-        .values("limit_key")
-        .annotate(n=Count("id"), least=Min("limit_running"))
-    }
-    full: dict[str, KeyAtLimit] = {
-        key: KeyAtLimit(key, count, least) for key, (count, least) in running.items() if least is not None and count >= least
-    }
+    """Keys that hold back due jobs of ``queue``, or that its handlers hold, and may not start another job now."""
+    due = jobs_on(alias).in_queue(queue).due(now).filter(limit_key__isnull=False)
+    held = LimitPlace.objects.using(alias).filter(limit_key__isnull=False)
+    running: dict[str, tuple[int, int | None]] = {}
+    for row in held.values("limit_key").annotate(n=Count("id"), least=Min("limit_running")):
+        running[str(row["limit_key"])] = (int(row["n"]), row["least"])
+    at_limit = {key for key, (count, least) in running.items() if least is not None and count >= least}
+    here = {str(key) for key in held.filter(queue=queue, limit_key__in=at_limit).values_list("limit_key", flat=True)}
+    here |= {str(key) for key in due.filter(limit_key__in=at_limit).values_list("limit_key", flat=True)}
+    full: dict[str, KeyAtLimit] = {key: KeyAtLimit(key, *running[key]) for key in here}
     rated = (
-        jobs.due(now)
-        .filter(limit_key__isnull=False, limit_rate__isnull=False)
-        .values("limit_key")
-        .annotate(rate=Min("limit_rate"), period=Min("limit_period_ms"))
+        due.filter(limit_rate__isnull=False).values("limit_key").annotate(rate=Min("limit_rate"), period=Min("limit_period_ms"))
     )
     for row in rated[:MAX_RATED_KEYS]:
-        key = row["limit_key"]
-        scope = key_scope(queue, key)
-        started = JobStart.objects.using(alias).filter(scope=scope, started_ms__gt=now - row["period"]).count()
-        if started >= row["rate"]:
+        key, rate, period = str(row["limit_key"]), int(row["rate"]), int(row["period"])
+        started = JobStart.objects.using(alias).filter(scope=key_scope(key), started_ms__gt=now - period).count()
+        if started >= rate:
             entry = full.setdefault(key, KeyAtLimit(key, running.get(key, (0, None))[0], None))
-            entry.started_in_window, entry.rate, entry.period_ms = started, row["rate"], row["period"]
+            entry.started_in_window, entry.rate, entry.period_ms = started, rate, period
     return sorted(full.values(), key=lambda key: (-key.running, -key.started_in_window, key.key))

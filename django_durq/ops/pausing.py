@@ -3,8 +3,9 @@
 The state is a row of ``durq_queue_control`` shared by every worker, and every claim reads it
 (see ``db/base.py``'s ``NOT_PAUSED``): a pause holds from the commit of :func:`pause` on, without
 telling any worker. Jobs that are running when it commits finish; jobs a worker had already
-claimed ahead (``PREFETCH``) may still start. While paused, the queue takes new jobs as usual:
-they wait. :func:`resume` wakes the queue's idle workers, so its due jobs start at once.
+claimed ahead (``PREFETCH``) start only within 10 ms of the commit, or are handed back with
+their attempts not counted (``worker/pause_guard.py``). While paused, the queue takes new jobs
+as usual: they wait. :func:`resume` wakes the queue's idle workers, so its due jobs start at once.
 """
 
 from __future__ import annotations

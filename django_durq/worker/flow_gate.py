@@ -1,9 +1,13 @@
-"""Which claim a pool uses: the fast claim, or the limited claim once its queue has limits.
+"""Which claim a pool uses, and when it claims again while limits hold its queue's jobs back.
 
 A queue with limits of its own (``DURQ["QUEUES"]``) claims through the limited claim
 (``db/flow.py``) from the start; any other switches to it for good once it holds a job with a
 ``Limit``. The fast claim leaves limited jobs alone, so a pool that has not switched yet never
 runs one without its limit.
+
+A limited claim that comes back short says when a rate window next opens for the jobs it held
+back (``Outlook``); the pool sleeps until then at the latest, so a held job starts as soon as its
+window lets it, not at the next poll.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..db.flow import has_limited_jobs, next_start
+from ..db.flow import Outlook, has_limited_jobs, next_start
 from ..limits import QueueLimits
 
 if TYPE_CHECKING:
@@ -36,11 +40,37 @@ class FlowGate:
         # and while gated.
         self._last_lease_due: int | None = None
         self._probed: float | None = None
+        self.outlook = Outlook()  # what the last limited claim said of rate windows
+        self._window_opens: float | None = None  # monotonic time a rate window opens for held-back jobs
 
     @property
     def claim_limits(self) -> QueueLimits | None:
         """What the pool's claims pass: the queue's limits once gated (the limited claim), else None."""
         return self.limits if self.gated else None
+
+    @property
+    def claim_outlook(self) -> Outlook | None:
+        """Where a limited claim of the pool says when a rate window opens; None for the fast claim."""
+        return self.outlook if self.gated else None
+
+    def claimed(self, *, short: bool) -> None:
+        """After a claim: remember when a rate window opens for the jobs it held back, if it came back short."""
+        opens_ms = self.outlook.opens_at_ms if short and self.gated else None
+        if opens_ms is None:
+            self._window_opens = None
+            return
+        self._window_opens = time.monotonic() + max(opens_ms - self.runtime.clock.now_ms(), 0) / 1000
+
+    def until_window(self, wait_s: float) -> float:
+        """``wait_s``, cut short to wake when a rate window opens: a held-back job starts then, not at the next poll."""
+        opens = self._window_opens
+        if opens is None:
+            return wait_s
+        left_s = opens - time.monotonic()
+        if left_s <= 0:
+            self._window_opens = None  # open already (or it opened while the pool slept): claim now, once
+            return 0.0
+        return min(wait_s, left_s)
 
     def next_due(self, now: int) -> int | None:
         """When this pool may next claim something: the idle probe, a read that takes no write lock.

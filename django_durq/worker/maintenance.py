@@ -26,6 +26,7 @@ from django.db.models import Q
 from .. import presence
 from ..models import DutyLease, WorkerProcess
 from ..presence import Liveness
+from .held_places import free_ended_places
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -100,6 +101,7 @@ class StaleWorkers:
         if gone:
             deleted, _ = workers.filter(functools.reduce(operator.or_, gone)).delete()
         presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
+        free_ended_places(alias)  # the places under limits of workers whose rows are gone
         return {"removed": deleted}
 
 

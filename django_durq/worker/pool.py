@@ -20,7 +20,14 @@ job took the slot they were meant for) are handed back, attempt uncounted, for i
 
 An idle dispatcher probes with a read before it claims, so an idle poll on SQLite takes no
 write lock, and sleeps until it is kicked (an enqueue, another process's commit, a freed
-slot) or the poll interval runs out.
+slot) or the poll interval runs out; while a rate holds its queue's due jobs back, until the
+rate's window opens.
+
+Flow control on the worker's side (the claim does the rest, ``db/flow.py``): a slot starts a job
+only while its queue was seen not paused lately (``pause_guard.py``), and a job claimed under a
+running limit holds a place until the handler's thread is done with it (``held_places.py``):
+freed with its completion, right after any other outcome (a timed-out handler's only when its
+thread returns at last), or with its hand-back.
 """
 
 from __future__ import annotations
@@ -32,14 +39,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from django.db import connections
+from django.db import connections, transaction
 
 from .. import hooks, wakeup
 from ..context import JobContext
-from ..db import ClaimedJob, Dialect, Lease
+from ..db import ClaimedJob, Dialect, Lease, places
 from ..executor import ABANDONED, DEAD, Completion, Executor
 from .attempt import FINISHING, RUNNING, Attempt
 from .flow_gate import FlowGate
+from .held_places import HeldPlaces
+from .pause_guard import PauseGuard
 from .slot_connections import SlotConnections
 
 if TYPE_CHECKING:
@@ -102,6 +111,8 @@ class Pool:
         self._read_version: Callable[[], int] | None = None  # PRAGMA data_version on the dispatcher's connection
         self._prepared_for: object = None  # the driver connection prepare_dispatcher_connection() tuned
         self.gate = FlowGate(queue, runtime)
+        self.pause_guard = PauseGuard(queue, runtime)
+        self.places = HeldPlaces(runtime.store)
         self.executor = Executor(
             runtime.store,
             runtime.settings,
@@ -186,7 +197,7 @@ class Pool:
             while not runtime.stop_claiming.is_set():
                 self._claiming = 0  # no claim in flight from here until the next look
                 if wait_s > 0:
-                    self.kick.wait(wait_s)
+                    self.kick.wait(self.gate.until_window(wait_s))
                     if runtime.stop_claiming.is_set():
                         break  # stopped while waiting: claim nothing more, not even a job just handed back
                 self.kick.clear()
@@ -198,7 +209,7 @@ class Pool:
                     longest_s = max((now_mono - attempt.ctx.started_mono for attempt in self._running), default=0.0)
                     held = self._busy + len(self._ready)
                     ready = len(self._ready)
-                    pending = len(self._completions)
+                    pending = len(self._completions) + len(self.places)
                     held_for_s = now_mono - self._completions_since
                     target = self._target(longest_s)
                     # Jobs claimed ahead that waited too long because a long job took their slot
@@ -259,6 +270,7 @@ class Pool:
                 runtime.unclaimed(limit - len(jobs))
                 if limit:
                     probe = len(jobs) < limit
+                    self.gate.claimed(short=len(jobs) < limit)
                     if self.gate.learn(found_none=not jobs and (probed_due or named)) and not jobs:
                         wait_s = 0  # claim again, now through the limited claim
                         continue
@@ -305,6 +317,7 @@ class Pool:
         if any(job.lease_ms < 3 * self._heartbeat_ms for job in jobs):
             runtime.keeper_kick()  # renewals of so short a lease are due before the next heartbeat
         with self._has_ready:
+            self.pause_guard.saw_active(claimed_mono)  # the claim that took them read the queue not paused
             self._ready.extend(attempts)
             self._has_ready.notify(len(attempts))
 
@@ -334,25 +347,37 @@ class Pool:
                 self._ready = deque(attempt for attempt in self._ready if attempt.buffered_at > horizon)
         if not taken:
             return
+        released = self._release_unstarted(taken)
+        if released:
+            logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
+
+    def _release_unstarted(self, taken: list[Attempt]) -> int:
+        """Give jobs that never started back for other workers, attempts not counted, places freed; how many."""
         runtime = self.runtime
         leases = [attempt.lease for attempt in taken]
+        placed = [attempt.lease for attempt in taken if attempt.job.placed]
         for attempt in taken:
             attempt.ctx.settle()
         hooks.jitter("release")
+        alias = runtime.settings.database
+
+        def release(dialect: Dialect) -> int:
+            with transaction.atomic(using=alias):
+                released = dialect.release(leases, started=False, now_ms=runtime.clock.now_ms())
+                places.free(dialect, placed)
+                wakeup.wake_on_commit(alias, [self.queue], jobs=released)
+            return released
+
         try:
-            now = runtime.clock.now_ms()
-            released = runtime.store.retrying("release", lambda d: d.release(leases, started=False, now_ms=now))
-            alias = runtime.settings.database
-            runtime.store.retrying("wake", lambda d: wakeup.wake_on_commit(alias, [self.queue], jobs=released))
-        except Exception:  # their leases expire; no job is lost
+            released = runtime.store.retrying("release", release)
+        except Exception:  # their leases expire; no job is lost (their places free with this process)
             logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
             released = 0
         finally:
             for attempt in taken:
                 runtime.book.remove(attempt)
         runtime.unclaimed(len(leases))
-        if released:
-            logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
+        return released
 
     def _defer_completion(self, job: ClaimedJob, ctx: JobContext, completion: Completion) -> None:
         # Taken up by the slot's next _next_job(), inside the lock it takes anyway.
@@ -366,7 +391,7 @@ class Pool:
     def flush_completions(self) -> None:
         """Record every finished job still held in memory (at shutdown; the dispatcher does it as it goes)."""
         completions = self._take_completions()
-        if completions:
+        if completions or len(self.places):
             self._record_completions(completions, [])
 
     def _prepare_connection(self) -> None:
@@ -391,8 +416,15 @@ class Pool:
         limits = self.gate.claim_limits
         # A limited claim reads the time again once it has its turn: never past the book's bound.
         clock = runtime.clock if limits is None else runtime.book.claim_clock(runtime.clock)
+        outlook = self.gate.claim_outlook
+        # Handlers that returned: their places under limits are freed in the transaction that claims next.
+        free = [attempt.lease for attempt in completions if attempt.job.placed] + self.places.take()
         if not completions:
-            return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, clock) if limit > 0 else []
+            if free:
+                self.places.free(free)
+            if limit <= 0:
+                return []
+            return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, clock, outlook)
         leases = [attempt.lease for attempt in completions if attempt.finished_ms is None]
         kept = [(a.lease, a.finished_ms, a.stored) for a in completions if a.finished_ms is not None]
         first_try = time.monotonic()
@@ -402,10 +434,16 @@ class Pool:
             nonlocal tries
             tries += 1
             hooks.jitter("complete")
-            return dialect.complete_and_claim(leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock)
+            return dialect.complete_and_claim(
+                leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock, free, outlook
+            )
 
         try:
-            done, jobs = runtime.store.retrying("complete", complete_and_claim)
+            try:
+                done, jobs = runtime.store.retrying("complete", complete_and_claim)
+            except Exception:
+                self.places.keep(free)  # the handlers have returned all the same
+                raise
             missing = [attempt for attempt in completions if attempt.lease not in done]
             if missing and tries > 1:
                 # The first try may have committed before its answer was lost: a deleted row is
@@ -494,6 +532,21 @@ class Pool:
             self.kick.set()  # completions to record, or the buffer needs refilling
         return attempt
 
+    def _may_start(self, attempt: Attempt) -> bool:
+        """Whether the slot may start ``attempt`` (see ``pause_guard.py``); if its queue is paused, the
+        attempt and every buffered one are handed back, attempts not counted.
+        """
+        if self.pause_guard.may_start():
+            return True
+        with self._lock:
+            self._running.discard(attempt)
+            self._busy -= 1
+        self._release_unstarted([attempt])
+        self._hand_back(everything=True)
+        logger.info("durq: queue %r is paused; its jobs claimed ahead were handed back", self.queue)
+        self.kick.set()
+        return False
+
     def _work(self) -> None:
         runtime = self.runtime
         idle_since = 0.0
@@ -503,6 +556,9 @@ class Pool:
             attempt = self._next_job(attempt)
             if attempt is None:
                 break
+            if not self._may_start(attempt):
+                attempt = None  # handed back: nothing to retire
+                continue
             started = time.monotonic()
             if started - idle_since > IDLE_CHECK_S:
                 slot_connections.after_idle()
@@ -511,6 +567,9 @@ class Pool:
                 outcome = self.executor.run(attempt.job, attempt.ctx)
             except BaseException:  # the database stayed down past every retry
                 logger.exception("durq: could not record the outcome of job %s; its lease will expire", attempt.job.id)
+            # The handler has returned; unless a completion carries its place, free that now (or at the next write).
+            if attempt.job.placed and attempt.lease not in self._finished_results and not self.places.free([attempt.lease]):
+                self.kick.set()
             slot_connections.tidy()
             idle_since = time.monotonic()
             took = idle_since - started

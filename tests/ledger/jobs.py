@@ -435,5 +435,36 @@ def summary(ctx, log=""):
     return counts
 
 
+# --- handlers of the flow-control race tests (tests/test_limit_races.py) ---------------------------
+
+
+@job(name="tests.key_mate", queue="fast", limit=Limit(max_running=1, key=lambda key, **_: key))
+def key_mate(ctx, key, log, hold=0.005):
+    """Another job type in another queue whose limit key is ``one_per_key``'s: the two take turns."""
+    _log_run(ctx, log, key, hold)
+
+
+@job(
+    name="tests.keyed_overrun",
+    limit=Limit(max_running=1, key=lambda key, **_: key),
+    timeout=timedelta(seconds=1),
+    max_attempts=1,
+)
+def keyed_overrun(ctx, key, log, hold=0.0):
+    """Ignores its 1 s timeout for ``hold`` seconds: the worker abandons its thread, which runs on."""
+    _log_run(ctx, log, key, hold)
+
+
+@job(name="tests.hourly_per_key", limit=Limit(rate="2/h", key=lambda key, **_: key))
+def hourly_per_key(ctx, key, log):
+    _log_run(ctx, log, key, 0.0)
+
+
+@job(name="tests.paced", queue="default")
+def paced(ctx, log, hold=0.15):
+    """A job of the queue "default" that takes ``hold`` seconds: long enough to be claimed ahead of a slot."""
+    _log_run(ctx, log, "paced", hold)
+
+
 # The model-based chaos test's handlers live in a module of their own; importing it registers them.
 from . import model_jobs  # noqa: E402, F401

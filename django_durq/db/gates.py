@@ -1,0 +1,42 @@
+"""The turns limited claimers take, and a queue's pause state: rows of ``durq_queue_control``.
+
+A limited claim counts what its limits allow and then claims, and two claimers counting the same
+scope at once would both see its last free place. So each takes turns on what it counts:
+
+- the queue's own row, for the queue's pause state and its own limits (``max_running``, rate);
+- one row for every limit key, ``KEYS_GATE``, once its candidates include a job with a key. A
+  key is one scope across queues, and a claim learns its candidates' keys only as it reads them:
+  one turn for all keys needs no order among key locks and no row per key, and costs only
+  claimers of keyed jobs that count at the same moment, for the few statements of one claim.
+
+The queue's turn is always taken first, then the keys' turn, so no two claimers wait on each
+other. Where writers are serialized (SQLite), the first write of the transaction is the turn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Dialect
+
+CONTROL = "durq_queue_control"
+# The control row whose lock is the turn of every claimer counting limit keys. Queue names
+# cannot contain ":", so no queue has this row.
+KEYS_GATE = ":keys"
+
+
+def take_queue_turn(dialect: Dialect, queue: str, now_ms: int) -> bool:
+    """Lock the queue's control row for this transaction; True when the queue is paused."""
+    return dialect.lock_gate(queue, now_ms)
+
+
+def take_keys_turn(dialect: Dialect, now_ms: int) -> None:
+    """Lock the turn of claimers that count limit keys, after the queue's turn."""
+    if not dialect.serialized_writes:
+        dialect.lock_gate(KEYS_GATE, now_ms)
+
+
+def is_paused(dialect: Dialect, queue: str) -> bool:
+    """Whether an operator has paused ``queue`` (as committed when the read began); locks nothing."""
+    return bool(dialect.fetchall(f"SELECT 1 FROM {CONTROL} WHERE queue = %s AND paused", (queue,)))
