@@ -92,16 +92,16 @@ def _indexes() -> dict[str, str]:
 def test_the_migration_turns_parked_members_blocked_keeps_their_keys_and_reverses():
     executor = MigrationExecutor(connection)
     (latest,) = executor.loader.graph.leaf_nodes("django_durq")
-    (before,) = executor.loader.graph.node_map[latest].parents
-    executor = _migrate(executor, before.key)
+    before, blocked = ("django_durq", "0007_worker_holds_lock"), ("django_durq", "0008_blocked_state")
+    executor = _migrate(executor, before)
     try:
-        old = executor.loader.project_state([before.key]).apps.get_model("django_durq", "Job")
+        old = executor.loader.project_state([before]).apps.get_model("django_durq", "Job")
         common = {"name": "tests.step", "arguments": '{"args": [], "kwargs": {"tag": "x"}}', "lease_ms": 30_000}
         parked = old.objects.create(
             **common, run_at_ms=SENTINEL_MS, created_ms=NOW, deps_left=1, workflow_id=1, unique_key="parked"
         )
         due = old.objects.create(**common, run_at_ms=NOW, created_ms=NOW, deps_left=0, workflow_id=1)
-        executor = _migrate(executor, latest)
+        executor = _migrate(executor, blocked)
         row = Job.objects.get(pk=parked.pk)
         assert (row.status, row.run_at_ms, row.unique_active) == ("blocked", NOW, "parked")
         assert Job.objects.get(pk=due.pk).status == "waiting"
@@ -112,7 +112,7 @@ def test_the_migration_turns_parked_members_blocked_keeps_their_keys_and_reverse
             for name in ("durq_job_claim", "durq_job_due"):
                 assert "'waiting'" in indexes[name].split("WHERE", 1)[1], name
             assert {"durq_job_lease", "durq_job_done", "durq_job_limited", "durq_job_workflow"} <= indexes.keys()
-        executor = _migrate(executor, before.key)
+        executor = _migrate(executor, before)
         back = old.objects.get(pk=parked.pk)
         assert (back.status, back.run_at_ms, back.unique_active) == ("waiting", SENTINEL_MS, "parked")
     finally:

@@ -175,7 +175,7 @@ def test_no_claim_takes_a_member_that_waits_for_upstream_whatever_its_due_time(c
     assert [job.id for job in claim_all(clock)] == [first.job.pk]
     assert claim_all(clock, QueueLimits(max_running=100)) == []  # the limited claim
     with transaction.atomic():
-        assert dialect_for(connection).claim_ids([second.job.pk], clock.now_ms(), "w1") == []
+        assert dialect_for(connection).claim_ids([(second.job.pk, None)], clock.now_ms(), "w1") == []
     assert row(second.job.pk).attempts == 0
 
 
