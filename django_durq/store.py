@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, InternalError, OperationalError, connections
 
 from . import hooks
 from .clock import Clock
@@ -56,7 +56,9 @@ class Store:
             try:
                 hooks.fail(what)
                 return operation(dialect)
-            except (OperationalError, InterfaceError) as error:
+            except DatabaseError as error:
+                if not _connection_lost(error):
+                    raise
                 if connection.in_atomic_block:
                     raise  # the caller's transaction is gone; only the caller can retry it
                 tries += 1
@@ -89,6 +91,19 @@ class Store:
     def renew(self, leases: Sequence[Lease], clock: Clock, give_up_after_s: float = 120.0) -> dict[Lease, bool]:
         """Renew leases from ``now`` as read right before each try: a retry never writes a stale time."""
         return self.retrying("heartbeat", lambda d: d.renew(leases, clock.now_ms()), give_up_after_s)
+
+
+def _connection_lost(error: DatabaseError) -> bool:
+    """The connection failed under the statement: the driver says so, or psycopg read two results for one.
+
+    Behind PgBouncer in transaction mode, a server connection that dies inside a transaction
+    leaves its FATAL message waiting for the client, which reads it with its next command's reply:
+    psycopg then raises an InternalError with no SQLSTATE ("received 2 results from command
+    'COMMIT'"), whatever the transaction's fate. A database error raised by SQL has a SQLSTATE.
+    """
+    if isinstance(error, OperationalError | InterfaceError):
+        return True
+    return isinstance(error, InternalError) and getattr(error.__cause__, "sqlstate", "") is None
 
 
 def _drop_connection(connection: object) -> None:
