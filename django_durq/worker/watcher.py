@@ -78,7 +78,7 @@ class Watcher:
         self.vendor = connections[alias].vendor
         self.bell: Bell | None = None
         # Written to at stop: a wait on the LISTEN connection's socket wakes at once, not at its timeout.
-        self._stop_reader, self._stop_writer = socket.socketpair()
+        self._stop_pair: tuple[socket.socket, socket.socket] | None = None
         self._thread = threading.Thread(target=self._run, name="durq-watcher", daemon=True)
 
     @property
@@ -91,21 +91,25 @@ class Watcher:
         if self.active:
             if self.worker_id is not None:
                 self.bell = Bell.open(self.alias, self.worker_id)
+            self._stop_pair = socket.socketpair()
             self._thread.start()
 
     def stop(self) -> None:
         self.stopped.set()
         if self.bell is not None:
             self.bell.interrupt()
-        with contextlib.suppress(OSError):  # a LISTEN wait ends at once (see _wait_readable)
-            self._stop_writer.send(b"\0")
+        if self._stop_pair is not None:
+            with contextlib.suppress(OSError):  # a LISTEN wait ends at once (see _wait_readable)
+                self._stop_pair[1].send(b"\0")
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         if self.bell is not None:
             self.bell.close()
             self.bell = None
-        self._stop_reader.close()
-        self._stop_writer.close()
+        if self._stop_pair is not None:
+            for end in self._stop_pair:
+                end.close()
+            self._stop_pair = None
 
     def _run(self) -> None:
         delay = 0.1
@@ -208,7 +212,8 @@ class Watcher:
 
     def _wait_readable(self, raw: Any, seconds: float) -> bool:
         """Wait until the LISTEN connection has something to read, or ``stop()``; True when it has."""
-        ready, _, _ = select.select([raw, self._stop_reader], [], [], seconds)
+        assert self._stop_pair is not None  # made by start()
+        ready, _, _ = select.select([raw, self._stop_pair[0]], [], [], seconds)
         return raw in ready and not self.stopped.is_set()
 
     def _pump_psycopg3(self, raw: Any) -> None:
