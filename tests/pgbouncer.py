@@ -127,8 +127,8 @@ def running(config: str, files: dict[str, str] | None = None, user: list[str] | 
 
 
 @contextmanager
-def transaction_pooler(pool_size: int = SERVER_CONNECTIONS) -> Iterator[Bouncer]:
-    """A PgBouncer in transaction mode in front of the tests' PostgreSQL server, trusting its clients."""
+def transaction_pooler(pool_size: int = SERVER_CONNECTIONS, pool_mode: str = "transaction") -> Iterator[Bouncer]:
+    """A PgBouncer in transaction mode (or ``pool_mode``) in front of the tests' PostgreSQL server, trusting its clients."""
     backend = server()
     port = free_port()
     config = (
@@ -141,7 +141,7 @@ def transaction_pooler(pool_size: int = SERVER_CONNECTIONS) -> Iterator[Bouncer]
         "auth_type = trust\n"
         "auth_file = {folder}/userlist.txt\n"
         f"admin_users = {backend['user']}\n"
-        "pool_mode = transaction\n"
+        f"pool_mode = {pool_mode}\n"
         f"default_pool_size = {pool_size}\n"
         "max_client_conn = 500\n"
     )

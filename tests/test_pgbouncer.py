@@ -145,6 +145,10 @@ def test_with_nothing_configured_workers_behind_the_pooler_run_every_job_with_on
     """
     env = _through(bouncer, None, poll=0.25)
     workers = [_spawn_ready(spawn_worker, env, "--queue", "default:2") for _ in range(2)]
+    wait_until(lambda: any(LEADS in worker.output() for worker in workers), 15, "a worker to lead")
+    time.sleep(2)  # a second leader would say so within a maintenance pass
+    assert sum(worker.output().count(LEADS) for worker in workers) == 1, _logs(workers)
+
     acked = [queued.pk for queued in jobs.effect.enqueue_many([{"tag": "pooled"} for _ in range(100)])]
     try:
         wait_until(lambda: not Job.objects.filter(pk__in=acked).active().exists(), 45, "100 jobs to reach a terminal state")
@@ -152,8 +156,6 @@ def test_with_nothing_configured_workers_behind_the_pooler_run_every_job_with_on
         raise AssertionError(f"{late}: {[worker.popen.poll() for worker in workers]}\n{_logs(workers)}") from None
     verdict = check(acked)
     assert verdict.exact, str(verdict)
-    wait_until(lambda: any(LEADS in worker.output() for worker in workers), 15, "a worker to lead")
-    time.sleep(2)  # a second leader would say so within a maintenance pass
     assert sum(worker.output().count(LEADS) for worker in workers) == 1, _logs(workers)
     for worker in workers:
         assert "transaction pooler" in worker.output(), worker.output()
@@ -177,3 +179,20 @@ def test_the_database_check_says_the_queue_goes_through_a_transaction_pooler(bou
     straight = {key: value for key, value in worker_env.items() if key != "DURQ_TEST_PGBOUNCER_PORT"}  # the PgBouncer leg's
     direct = run_command("check", "--database", "default", env=straight)
     assert direct.returncode == 0 and "durq.W006" not in direct.stderr, direct.stdout + direct.stderr
+
+
+def test_the_probe_tells_a_transaction_pooler_from_the_server_and_from_a_session_pooler(bouncer, pooled):
+    """Six one-statement transactions over two connections: the pooler's server sessions move, the server's never do."""
+    from django_durq.db.pooler import lends_sessions
+
+    assert lends_sessions(connections[pooled]) is True
+    assert lends_sessions(connection) is False
+    with transaction_pooler(pool_size=1) as single:  # every transaction on one server session
+        assert lends_sessions(_wrapper(single.port)) is True
+    with transaction_pooler(pool_mode="session") as sessions:  # each client keeps its server session
+        assert lends_sessions(_wrapper(sessions.port)) is False
+
+
+def _wrapper(port: int):
+    behind = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": str(port)}
+    return load_backend(behind["ENGINE"]).DatabaseWrapper(behind, f"port{port}")
