@@ -6,7 +6,7 @@ export PATH := $(subst $(eval) ,:,$(PYENV_BINS)):$(PATH)
 PYTHON ?= python3.11
 VENV := .venv
 TOX := $(VENV)/bin/tox
-TEST_ENVS ?= lint,docs,py311-dj52-sqlite,py311-dj52-postgres,py313-dj61-sqlite,py313-dj61-postgres,py313-dj61-mysql,py312-dj60-sqlite
+TEST_ENVS ?= lint,docs,py311-dj52-sqlite,py311-dj52-postgres,py313-dj61-sqlite,py313-dj61-postgres,py313-dj61-mysql,py313-dj61-pgbouncer,py312-dj60-sqlite
 
 .PHONY: test demo venv lint docs clean
 

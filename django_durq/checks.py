@@ -21,11 +21,12 @@
 | durq.E020 | the PostgreSQL connection pool is smaller than a worker needs |
 | durq.E021 | DURQ["LISTEN_DATABASE"] is not an alias, or names no configured database |
 | durq.E022 | DURQ["LISTEN_DATABASE"] where the queue or the named database is not PostgreSQL |
-| durq.E023 | prepared statements on a queue database that goes through a transaction pooler |
+| durq.E023 | prepared statements on a queue database that goes through a transaction pooler (found with --database) |
 | durq.W001 | SQLite is not in WAL mode                                   |
 | durq.W002 | SQLite transactions are not IMMEDIATE                       |
 | durq.W003 | a @job queue that DURQ["QUEUES"] does not name              |
 | durq.W004 | the LISTEN_DATABASE connection does not hear the queue's NOTIFY (--database) |
+| durq.W006 | where workers would LISTEN goes through a transaction pooler: they poll (--database) |
 | durq.I001 | which claimers the queue's database keeps apart (--deploy)  |
 """
 
@@ -39,7 +40,7 @@ from django.db import connections
 
 from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
-from .db.checks import database_check_problems, listen_problems, prepares_statements, sqlite_setup_warnings
+from .db.checks import database_check_problems, listen_problems, pooler_problems, prepares_statements, sqlite_setup_warnings
 from .registry import registry
 from .worker.runtime import connections_needed
 
@@ -189,14 +190,17 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
     messages: list[CheckMessage] = [Error(problem.message, hint=problem.hint or None, id=problem.id) for problem in problems]
     listen_alias = settings.listen_database
     if (
-        not problems
-        and listen_alias is not None
-        and listen_alias != settings.database
-        and listen_alias in django_settings.DATABASES
-        and queue_db.vendor == connections[listen_alias].vendor == "postgresql"
+        problems
+        or listen_alias is None
+        or listen_alias not in django_settings.DATABASES
+        or not queue_db.vendor == connections[listen_alias].vendor == "postgresql"
     ):
-        # Only a database can tell whether the direct connection reaches the queue's database.
-        messages += [Warning(p.message, hint=p.hint, id=p.id) for p in listen_problems(queue_db, connections[listen_alias])]
+        return messages
+    # Only a database can tell whether the alias keeps its sessions, and reaches the queue's database.
+    found = pooler_problems(queue_db, connections[listen_alias])
+    if listen_alias != settings.database:
+        found += listen_problems(queue_db, connections[listen_alias])
+    messages += [(Error if p.id.startswith("durq.E") else Warning)(p.message, hint=p.hint, id=p.id) for p in found]
     return messages
 
 

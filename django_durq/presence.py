@@ -8,7 +8,9 @@ when the process ends, however it ends. The maintenance leader is whichever work
 
 On PostgreSQL and MariaDB a session of the worker's own holds its lock, and the leader's once it
 leads (``db/session_locks.py``): the server frees them when the session ends. On PostgreSQL that
-session goes to ``DURQ["LISTEN_DATABASE"]``, as a transaction pooler would hand it to others.
+session goes to ``DURQ["LISTEN_DATABASE"]``, and only where the worker found, when it started,
+that the alias's connections keep their server session (``db/pooler.py``): a transaction pooler
+would lend the session holding a lock to other workers, which would then all hold it.
 
 Either way an idle worker writes no heartbeat row and renews no lease. Where no lock can be held
 (no ``fcntl``, an in-memory database, a directory that cannot be written, no direct PostgreSQL
@@ -74,7 +76,7 @@ def announce(alias: str, worker_id: str, session_alias: str | None) -> WorkerPre
     """Hold this worker's lock; None (heartbeat rows instead) where it cannot be held.
 
     ``session_alias``: where a server's session lock is held (None: nowhere, as behind a
-    transaction pooler); the queue's database on SQLite.
+    transaction pooler, which the supervisor finds out); the queue's database on SQLite.
     """
     if connections[alias].vendor == "sqlite":
         return Presence.announce(alias, worker_id)

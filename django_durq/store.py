@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, InternalError, OperationalError, connections
 
 from . import hooks
 from .clock import Clock
@@ -59,7 +59,9 @@ class Store:
             try:
                 hooks.fail(what)
                 return operation(dialect)
-            except (OperationalError, InterfaceError) as error:
+            except DatabaseError as error:
+                if not _connection_lost(error):
+                    raise
                 if connection.in_atomic_block:
                     raise  # the caller's transaction is gone; only the caller can retry it
                 tries += 1
@@ -99,6 +101,19 @@ class Store:
         """
         bound_ms = None if bound_s is None else max(1, round(bound_s * 1000))
         return self.retrying("heartbeat", lambda d: d.renew(leases, clock.now_ms(), bound_ms), bound_s or 120.0)
+
+
+def _connection_lost(error: DatabaseError) -> bool:
+    """The connection failed under the statement: the driver says so, or psycopg read two results for one.
+
+    Behind PgBouncer in transaction mode, a server connection that dies inside a transaction
+    leaves its FATAL message waiting for the client, which reads it with its next command's reply:
+    psycopg then raises an InternalError with no SQLSTATE ("received 2 results from command
+    'COMMIT'"), whatever the transaction's fate. A database error raised by SQL has a SQLSTATE.
+    """
+    if isinstance(error, OperationalError | InterfaceError):
+        return True
+    return isinstance(error, InternalError) and getattr(error.__cause__, "sqlstate", "") is None
 
 
 def _drop_connection(connection: object) -> None:

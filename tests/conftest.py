@@ -71,15 +71,23 @@ HEAVY = os.environ.get("DURQ_TEST_HEAVY") == "1"
 EVERY_LEG = HEAVY or os.environ.get("DURQ_TEST_FAULTS") == "all"
 OLDEST_LEG = sys.version_info < (3, 12) and db_vendor() in ("sqlite", "postgres")
 
+# The PgBouncer leg (tox env py313-dj61-pgbouncer): every worker the tests start reaches the queue
+# through a PgBouncer in transaction mode, with DURQ["LISTEN_DATABASE"] not set, as a site with one
+# DATABASES entry behind the pooler runs them. The test process itself connects directly.
+THROUGH_PGBOUNCER = os.environ.get("DURQ_TEST_THROUGH_PGBOUNCER") == "1"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     heavy = pytest.mark.skip(reason="heavy: runs with DURQ_TEST_HEAVY=1 (benchmarks/soak.py --tests)")
     newest = pytest.mark.skip(reason="runs on the newest-Python leg of this database (DURQ_TEST_FAULTS=all: here too)")
+    pooled = pytest.mark.skip(reason="behind a transaction pooler the worker keeps no session state (docs/postgresql.md)")
     for item in items:
         if "heavy" in item.keywords and not HEAVY:
             item.add_marker(heavy)
         elif "one_leg" in item.keywords and OLDEST_LEG and not EVERY_LEG:
             item.add_marker(newest)
+        elif "own_sessions" in item.keywords and THROUGH_PGBOUNCER:
+            item.add_marker(pooled)
 
 
 class WorkerProcess:
@@ -106,11 +114,25 @@ class WorkerProcess:
         return self.log.read_text(errors="replace")
 
 
+@pytest.fixture(scope="session")
+def pooler_port() -> Iterator[str | None]:
+    """The port of the session's PgBouncer on the PgBouncer leg; None elsewhere."""
+    if not THROUGH_PGBOUNCER:
+        yield None
+        return
+    from tests.pgbouncer import transaction_pooler
+
+    with transaction_pooler() as bouncer:
+        yield str(bouncer.port)
+
+
 @pytest.fixture
-def worker_env(transactional_db: None, tmp_path: Path) -> dict[str, str]:
+def worker_env(transactional_db: None, tmp_path: Path, pooler_port: str | None) -> dict[str, str]:
     from django.db import connection
 
     env = dict(os.environ)
+    if pooler_port is not None:
+        env["DURQ_TEST_PGBOUNCER_PORT"] = pooler_port
     env["DURQ_TEST_DB_IN_USE"] = str(connection.settings_dict["NAME"])
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     env["PYTHONPATH"] = str(ROOT)

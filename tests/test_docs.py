@@ -58,7 +58,19 @@ PAGES = sorted(path for path in DOCS.rglob("*.md") if "_build" not in path.parts
 SIGNALS = [value for value in vars(durq_signals).values() if isinstance(value, Signal)]
 DIALECTS = {"sqlite": SQLiteDialect, "postgresql": PostgreSQLDialect, "mysql": MySQLDialect}
 # Programs that docs may show at a ``$`` prompt without this test running them.
-OTHER_PROGRAMS = {"systemctl", "journalctl", "make", "sqlite3", "docker", "kubectl", "git", "cd", "django-admin"}
+OTHER_PROGRAMS = {
+    "systemctl",
+    "systemd-analyze",
+    "journalctl",
+    "make",
+    "sqlite3",
+    "docker",
+    "kubectl",
+    "git",
+    "cd",
+    "django-admin",
+    "sudo",
+}
 # Options every management command has; the commands reference need not repeat them.
 DJANGO_COMMON_OPTIONS = {
     "--help",

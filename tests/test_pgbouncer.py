@@ -1,24 +1,17 @@
 """The queue behind PgBouncer in transaction mode (docs/postgresql.md, "Behind PgBouncer").
 
-This module starts a PgBouncer of its own (Debian's ``pgbouncer``) on a free port, with
-fewer server connections than the workers open, so that transactions really do move between
-server connections. Workers reach the queue through it (``DURQ_TEST_PGBOUNCER_PORT`` in
+This module starts a PgBouncer of its own (``tests/pgbouncer.py``) on a free port, with fewer
+server connections than the workers open, so that transactions really do move between server
+connections. Workers reach the queue through it (``DURQ_TEST_PGBOUNCER_PORT`` in
 tests/settings.py); ``LISTEN`` goes to the ``direct`` alias, which reaches PostgreSQL itself.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from django.db import connection, connections
@@ -26,10 +19,11 @@ from django.db.utils import load_backend
 
 from django_durq.models import Job
 from django_durq.models import WorkerProcess as Row
-from tests.conftest import WorkerProcess, db_vendor, wait_until
+from tests.conftest import WorkerProcess, db_vendor, run_command, wait_until
 from tests.ledger import jobs
 from tests.ledger.checker import check
 from tests.ledger.models import Effect
+from tests.pgbouncer import Bouncer, Missing, transaction_pooler
 
 pytestmark = [
     pytest.mark.skipif(db_vendor() != "postgres", reason="PgBouncer pools PostgreSQL connections"),
@@ -37,107 +31,18 @@ pytestmark = [
     pytest.mark.processes,
 ]
 
-SERVER_CONNECTIONS = 5  # PgBouncer's pool: fewer than one worker with four slots holds (4 + 1 + 4)
 POOLED = "pooled"  # this test process's connection through PgBouncer
-
-
-@dataclass
-class Bouncer:
-    port: int
-
-    def transactions(self, database: str) -> int:
-        """Transactions PgBouncer has passed to ``database`` so far (its admin console's SHOW STATS)."""
-        import psycopg  # here, not at the top: the MariaDB leg collects this module without psycopg
-
-        with psycopg.connect(
-            host="127.0.0.1",
-            port=self.port,
-            user=_server()["user"],
-            dbname="pgbouncer",
-            autocommit=True,
-            cursor_factory=psycopg.ClientCursor,  # the console speaks the simple protocol only
-        ) as admin:
-            cursor = admin.execute("SHOW STATS")
-            columns = [column.name for column in cursor.description or ()]
-            rows = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-        return sum(int(row["total_xact_count"]) for row in rows if row["database"] == database)
-
-
-def _server() -> dict[str, str]:
-    return {
-        "host": os.environ.get("DURQ_PG_HOST", "127.0.0.1"),
-        "port": os.environ.get("DURQ_PG_PORT", "5432"),
-        "user": os.environ.get("DURQ_PG_USER", "postgres"),
-        "password": os.environ.get("DURQ_PG_PASSWORD", ""),
-    }
-
-
-def _pgbouncer_binary() -> str:
-    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/local/sbin")
-    if found is None:
-        message = "pgbouncer is not installed (scripts/system-deps installs Debian's package)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}; with CI=true this test must run")
-        pytest.skip(message)
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def bouncer() -> Iterator[Bouncer]:
-    binary = _pgbouncer_binary()
-    server = _server()
-    port = _free_port()
-    # PgBouncer refuses to run as root: then it runs as the postgres user, who must read its files.
-    run_as = ["-u", "postgres"] if os.geteuid() == 0 else []
     try:
-        if run_as:
-            pwd.getpwnam("postgres")
-    except KeyError:
-        pytest.fail("PgBouncer refuses to run as root, and there is no postgres user to run it as")
-    folder = Path(tempfile.mkdtemp(prefix="durq-pgbouncer-"))
-    folder.chmod(0o755)
-    (folder / "userlist.txt").write_text(f'"{server["user"]}" "{server["password"]}"\n')
-    (folder / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"* = host={server['host']} port={server['port']}\n"
-        "[pgbouncer]\n"
-        "listen_addr = 127.0.0.1\n"
-        f"listen_port = {port}\n"
-        "unix_socket_dir =\n"
-        "auth_type = trust\n"
-        f"auth_file = {folder / 'userlist.txt'}\n"
-        f"admin_users = {server['user']}\n"
-        "pool_mode = transaction\n"
-        f"default_pool_size = {SERVER_CONNECTIONS}\n"
-        "max_client_conn = 500\n"
-    )
-    for path in folder.iterdir():
-        path.chmod(0o644)
-    log = folder / "pgbouncer.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen([binary, *run_as, str(folder / "pgbouncer.ini")], stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: process.poll() is not None or _accepts(port), 10, "PgBouncer to listen")
-        assert process.poll() is None, log.read_text()
-        yield Bouncer(port)
-    finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(folder)
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
+        with transaction_pooler() as running:
+            yield running
+    except Missing as missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing}; with CI=true this test must run")
+        pytest.skip(str(missing))
 
 
 @pytest.fixture
@@ -158,13 +63,12 @@ def pooled(bouncer: Bouncer, settings) -> Iterator[str]:
         del connections[POOLED]
 
 
-def _through(bouncer: Bouncer, listen: str, poll: float) -> dict[str, str]:
-    """Worker environment: the queue through PgBouncer, LISTEN on ``listen`` ("" for none)."""
-    return {
-        "DURQ_TEST_PGBOUNCER_PORT": str(bouncer.port),
-        "DURQ_TEST_LISTEN_DATABASE": listen,
-        "DURQ_TEST_POLL": str(poll),
-    }
+def _through(bouncer: Bouncer, listen: str | None, poll: float) -> dict[str, str]:
+    """Worker environment: the queue through PgBouncer, LISTEN on ``listen`` ("" for none, None: not set)."""
+    env = {"DURQ_TEST_PGBOUNCER_PORT": str(bouncer.port), "DURQ_TEST_POLL": str(poll)}
+    if listen is not None:
+        env["DURQ_TEST_LISTEN_DATABASE"] = listen
+    return env
 
 
 def _spawn_ready(spawn_worker, env: dict[str, str], *args: str) -> WorkerProcess:
@@ -227,3 +131,68 @@ def test_without_listen_an_idle_worker_finds_jobs_at_its_poll_interval(bouncer, 
     times = _wake_up_times(3)
     assert all(1.0 < took < 3.0 for took in times), f"wake-up took {times} s with a 2 s poll interval"
     assert 'DURQ["LISTEN_DATABASE"] is None' in worker.output()
+
+
+LEADS = "this worker now runs the maintenance duties"
+
+
+def test_with_nothing_configured_workers_behind_the_pooler_run_every_job_with_one_leader(bouncer, pooled, spawn_worker):
+    """One DATABASES entry through PgBouncer, DURQ["LISTEN_DATABASE"] not set: the likeliest set-up.
+
+    The worker finds out that the pooler hands its sessions to others, and keeps no session state
+    there: no maintenance lock taken through the pooler (two workers would both hold it), no
+    prepared claim (missing on the next server connection).
+    """
+    env = _through(bouncer, None, poll=0.25)
+    workers = [_spawn_ready(spawn_worker, env, "--queue", "default:2") for _ in range(2)]
+    wait_until(lambda: any(LEADS in worker.output() for worker in workers), 15, "a worker to lead")
+    time.sleep(2)  # a second leader would say so within a maintenance pass
+    assert sum(worker.output().count(LEADS) for worker in workers) == 1, _logs(workers)
+
+    acked = [queued.pk for queued in jobs.effect.enqueue_many([{"tag": "pooled"} for _ in range(100)])]
+    try:
+        wait_until(lambda: not Job.objects.filter(pk__in=acked).active().exists(), 45, "100 jobs to reach a terminal state")
+    except AssertionError as late:
+        raise AssertionError(f"{late}: {[worker.popen.poll() for worker in workers]}\n{_logs(workers)}") from None
+    verdict = check(acked)
+    assert verdict.exact, str(verdict)
+    assert sum(worker.output().count(LEADS) for worker in workers) == 1, _logs(workers)
+    for worker in workers:
+        assert "transaction pooler" in worker.output(), worker.output()
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output()
+        assert "Traceback" not in worker.output(), worker.output()
+
+
+def _logs(workers: list[WorkerProcess]) -> str:
+    return "\n".join(f"--- worker {worker.pid}:\n{worker.output()}" for worker in workers)
+
+
+def test_the_database_check_says_the_queue_goes_through_a_transaction_pooler(bouncer, worker_env):
+    env = {**worker_env, **_through(bouncer, None, poll=0.25)}
+    result = run_command("check", "--database", "default", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "durq.W006" in result.stderr and "transaction pooler" in result.stderr, result.stdout + result.stderr
+    assert 'DURQ["LISTEN_DATABASE"]' in result.stderr, result.stderr  # the one-line fix for prompt wake-ups
+
+    straight = {key: value for key, value in worker_env.items() if key != "DURQ_TEST_PGBOUNCER_PORT"}  # the PgBouncer leg's
+    direct = run_command("check", "--database", "default", env=straight)
+    assert direct.returncode == 0 and "durq.W006" not in direct.stderr, direct.stdout + direct.stderr
+
+
+def test_the_probe_tells_a_transaction_pooler_from_the_server_and_from_a_session_pooler(bouncer, pooled):
+    """Six one-statement transactions over two connections: the pooler's server sessions move, the server's never do."""
+    from django_durq.db.pooler import lends_sessions
+
+    assert lends_sessions(connections[pooled]) is True
+    assert lends_sessions(connection) is False
+    with transaction_pooler(pool_size=1) as single:  # every transaction on one server session
+        assert lends_sessions(_wrapper(single.port)) is True
+    with transaction_pooler(pool_mode="session") as sessions:  # each client keeps its server session
+        assert lends_sessions(_wrapper(sessions.port)) is False
+
+
+def _wrapper(port: int):
+    behind = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": str(port)}
+    return load_backend(behind["ENGINE"]).DatabaseWrapper(behind, f"port{port}")

@@ -26,6 +26,7 @@ from tests.ledger.models import Effect
 pytestmark = [
     pytest.mark.skipif(db_vendor() == "sqlite", reason="session locks are a database server's"),
     pytest.mark.processes,
+    pytest.mark.own_sessions,
 ]
 
 LEADS = "this worker now runs the maintenance duties"

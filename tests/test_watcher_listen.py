@@ -7,6 +7,7 @@ reply, not by the watcher's wait for notifications: it must still wake the pools
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Any
@@ -17,9 +18,12 @@ from django.db import connections
 from django_durq import wakeup
 from django_durq.db.base import own_connection
 from django_durq.db.postgresql import NOTIFY_CHANNEL
+from django_durq.models import WorkerProcess
 from django_durq.worker import watcher as watcher_module
 from django_durq.worker.watcher import Watcher
-from tests.conftest import db_vendor
+from tests.conftest import db_vendor, wait_until
+from tests.ledger import jobs
+from tests.ledger.models import Effect
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -84,3 +88,17 @@ def test_a_notification_that_arrives_during_the_idle_check_wakes_the_pools(monke
         watcher.stop()
         wakeup.unsubscribe(QUEUE, wake)
         notifier.close()
+
+
+@pytest.mark.processes
+def test_a_worker_hears_notifications_without_a_driver_warning(spawn_worker):
+    """psycopg warns when ``notifies()`` and notify handlers share a connection: the watcher uses one way only."""
+    worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_POLL": "30", "PYTHONWARNINGS": "default"})
+    wait_until(lambda: WorkerProcess.objects.filter(pid=worker.pid).exists(), 60, "registration")
+    time.sleep(0.5)  # the watcher's LISTEN
+    for turn in range(3):  # with a 30 s poll interval, only a notification starts these in time
+        job = jobs.effect.enqueue(tag=f"heard{turn}")
+        wait_until(lambda job=job: Effect.objects.filter(job_id=job.pk).exists(), 10, "the notification to wake the worker")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()
+    assert "Warning" not in worker.output(), worker.output()

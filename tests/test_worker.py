@@ -172,6 +172,7 @@ def test_prefetch_0_claims_only_for_free_slots(spawn_worker):
 # --- wake-up ------------------------------------------------------------------------------------
 
 
+@pytest.mark.own_sessions  # on PostgreSQL the wake-up is a LISTEN
 def test_idle_worker_wakes_on_enqueue_without_waiting_for_the_poll(spawn_worker):
     worker = spawn_worker("--queue", "default:1", env={"DURQ_TEST_POLL": "60"})
     wait_until(lambda: WorkerProcess.objects.exists(), 30, "the worker to register")

@@ -44,7 +44,9 @@ def unreachable_database() -> dict[str, str]:
     vendor = db_vendor()
     if vendor == "sqlite":
         return {"DURQ_TEST_DB_IN_USE": "/nonexistent-directory/queue.sqlite3"}
-    return {"DURQ_PG_PORT" if vendor == "postgres" else "DURQ_MYSQL_PORT": "1"}
+    if vendor == "postgres":
+        return {"DURQ_PG_PORT": "1", "DURQ_TEST_PGBOUNCER_PORT": ""}  # not through the PgBouncer leg's pooler either
+    return {"DURQ_MYSQL_PORT": "1"}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

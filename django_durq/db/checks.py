@@ -83,6 +83,53 @@ def listen_problems(queue: BaseDatabaseWrapper, listen: BaseDatabaseWrapper) -> 
     ]
 
 
+def pooler_problems(queue: BaseDatabaseWrapper, session: BaseDatabaseWrapper) -> list[Problem]:
+    """What goes wrong when ``session`` (``DURQ["LISTEN_DATABASE"]``) goes through a transaction pooler.
+
+    Asks the server (``pooler.lends_sessions``), as every worker does when it starts: a worker
+    keeps no session state on such a connection, and works all the same, polling.
+    """
+    from .pooler import lends_sessions
+
+    where = f"database {session.alias!r}" if session.alias == queue.alias else f'DURQ["LISTEN_DATABASE"] {session.alias!r}'
+    without = (
+        "workers keep no session state there: no LISTEN, no session lock, no prepared claim. They record their "
+        "presence and take the maintenance duties through rows, and an idle worker finds a new job at its poll "
+        "interval instead of at once"
+    )
+    hint = (
+        "For wake-ups at once, add an alias of the same database that reaches PostgreSQL directly, not through the "
+        'pooler, and name it: DURQ["LISTEN_DATABASE"] = "direct". To poll on purpose, write '
+        'DURQ["LISTEN_DATABASE"] = None.'
+    )
+    try:
+        pooled = lends_sessions(session)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        return [Problem("durq.W006", f"cannot tell whether {where} keeps its server sessions ({error}): {without}", hint)]
+    if not pooled:
+        return []
+    problems = [
+        Problem(
+            "durq.W006",
+            f"{where} goes through a transaction pooler, which lends its server sessions to other clients between "
+            f"transactions: {without}",
+            hint,
+        )
+    ]
+    if session.alias == queue.alias and prepares_statements(queue.settings_dict):
+        problems.append(
+            Problem(
+                "durq.E023",
+                f"database {queue.alias!r} prepares statements (OPTIONS server_side_binding and prepare_threshold) and "
+                "goes through a transaction pooler, which runs each transaction on any of its server connections: a "
+                "statement prepared on one is missing on the next",
+                f'Remove "prepare_threshold" from the OPTIONS of {queue.alias!r}. If the pooler is PgBouncer 1.21 or '
+                "newer with max_prepared_statements set, it carries them: silence durq.E023.",
+            )
+        )
+    return problems
+
+
 def mysql_family_problem(is_mariadb: bool, version: tuple[int, ...]) -> Problem | None:
     """Why a server of Django's ``mysql`` backend cannot hold the queue, or None when it can."""
     found = ".".join(map(str, version))

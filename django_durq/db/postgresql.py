@@ -19,6 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal, own_connection
+from .pooler import lends_sessions
 
 # What a claim writes: its parameters are the worker, then the claim time twice.
 _TAKE = f"""UPDATE {JOB} AS job SET
@@ -152,9 +153,10 @@ class PostgreSQLDialect(Dialect):
         dispatcher sends ``EXECUTE`` with its arguments bound by the client, Django's default. A statement
         prepared on one server connection is missing on the next behind a transaction pooler, so
         this is done only where the queue's database is also where workers LISTEN
-        (``DURQ["LISTEN_DATABASE"]``), which must reach the server directly.
+        (``DURQ["LISTEN_DATABASE"]``), and where its connections keep their server session
+        (``pooler.lends_sessions``: the worker asks when it starts, and the answer is kept).
         """
-        if get_settings().listen_database != self.connection.alias:
+        if get_settings().listen_database != self.connection.alias or not _keeps_sessions(self.connection):
             return
         if self.connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
             # The server binds ``EXECUTE``'s arguments only when they are written in the text
@@ -241,6 +243,13 @@ class PostgreSQLDialect(Dialect):
         cause = error.__cause__ if error.__cause__ is not None else error
         state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         return state in _LOCK_STATES
+
+
+def _keeps_sessions(connection: BaseDatabaseWrapper) -> bool:
+    try:
+        return not lends_sessions(connection)
+    except Exception:  # noqa: BLE001 - a session that cannot be vouched for gets no prepared statement
+        return False
 
 
 def _numbered(sql: str) -> str:

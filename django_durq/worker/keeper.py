@@ -68,9 +68,9 @@ class LeaseKeeper:
                 if time.monotonic() - last >= self._tick_s():
                     last = time.monotonic()
                     self.renew_once()
-        except BaseException:
+        except BaseException as error:
             logger.exception("durq: the lease keeper stopped on an unexpected error")
-            self.runtime.request_stop("lease keeper failure")
+            self.runtime.fail("lease keeper failure", error)
         finally:
             connections.close_all()
 

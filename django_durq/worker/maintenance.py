@@ -197,6 +197,9 @@ class MaintenanceRunner:
         try:
             while not self.stopped.wait(self._until_next_pass_s()):
                 self.run_once(self.runtime.clock.now_ms())
+        except BaseException as error:  # a duty's own failure is caught in run_once: this is the runner's
+            logger.exception("durq: the maintenance runner stopped on an unexpected error")
+            self.runtime.fail("maintenance failure", error)
         finally:
             self._hand_back()
             connections.close_all()

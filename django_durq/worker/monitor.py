@@ -90,9 +90,9 @@ class Monitor:
                 over_memory = self.max_memory_mb is not None and rss_mb() > self.max_memory_mb
                 if over_memory and not runtime.stop_claiming.is_set():
                     runtime.request_stop(f"memory above --max-memory {self.max_memory_mb:g} MB")
-        except BaseException:
+        except BaseException as error:
             logger.exception("durq: the monitor thread stopped on an unexpected error")
-            runtime.request_stop("monitor failure")
+            runtime.fail("monitor failure", error)
         finally:
             connections.close_all()
 

@@ -281,9 +281,11 @@ class Pool:
                     wait_s = COMPLETION_HOLD_MS / 1000
                 elif named and not jobs:
                     wait_s = 0  # another worker was quicker: probe now for the next due time
-        except BaseException:
+                elif runtime.burst and probe and self.held() == 0:
+                    wait_s = 0  # the last claim came back short and nothing is held: probe now, and end if none is due
+        except BaseException as error:
             logger.exception("durq: the dispatcher of queue %r stopped on an unexpected error", self.queue)
-            runtime.request_stop("dispatcher failure")
+            runtime.fail("dispatcher failure", error)
         finally:
             wakeup.unsubscribe(self.queue, self._wake)
             self._hand_back(everything=True)
@@ -295,6 +297,7 @@ class Pool:
             with self._has_ready:
                 self._closing = True
                 self._has_ready.notify_all()
+            connections.close_all()  # this thread's: the server sees the session end, not a dropped socket
             self.finished.set()
             runtime.wake_main()
 
@@ -577,6 +580,7 @@ class Pool:
             self._mean_job_s = took if mean is None else mean + (took - mean) / 8
             if outcome != ABANDONED:
                 runtime.job_done(outcome)
+        connections.close_all()  # the slot's, handlers' own included
 
     def reap_timeouts(self) -> None:
         """Fail attempts that ran past their timeout and give their slot to a fresh thread.

@@ -14,6 +14,7 @@ from ..conf import DurqSettings
 from ..executor import DEAD, FINISHED, RETRYING
 from ..presence import WorkerPresence
 from ..store import Store
+from . import exit_status
 from .attempt import AttemptBook
 from .events import Events
 
@@ -66,6 +67,8 @@ class Runtime:
         # Wakes the supervisor's main thread (a stop was requested, a pool finished): set by it.
         self.wake_main: Callable[[], None] = lambda: None
         self.stop_reason = ""
+        # The process's exit status (exit_status.py): set by the first part of the worker that fails.
+        self.exit_status = exit_status.CLEAN
         # Every attempt this process holds a lease for; the lease keeper renews exactly these. It
         # also says until when this process may claim (``book.may_claim``).
         self.book = AttemptBook()
@@ -100,6 +103,13 @@ class Runtime:
         self.stop_claiming.set()
         self.shutdown.set()
         self.wake_main()
+
+    def fail(self, reason: str, error: BaseException) -> None:
+        """A part of the worker stopped on ``error``: stop as ``request_stop()`` does, and exit non-zero."""
+        with self._lock:
+            if self.exit_status == exit_status.CLEAN:
+                self.exit_status = exit_status.of_failure(error)
+        self.request_stop(reason)
 
     def stop_cause(self) -> str:
         return self.stop_reason

@@ -25,9 +25,10 @@ from django.db import connections
 from .. import presence
 from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
-from ..db import dialect_for
+from ..db import dialect_for, pooler
 from ..executor import RELEASED, error_list
 from ..models import WorkerProcess
+from . import exit_status
 from .keeper import LeaseKeeper
 from .main_bell import MainBell
 from .maintenance import MaintenanceRunner
@@ -98,7 +99,7 @@ class Supervisor:
 
     def _on_quit(self, signum: int, frame: FrameType | None) -> None:
         os.write(2, b"durq: exiting now; leases of running jobs will expire\n")
-        os._exit(1)
+        os._exit(exit_status.ABORTED)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -116,8 +117,10 @@ class Supervisor:
         )
         try:
             self._report_clock()
+            session_alias = self._session_alias()
+            self.watcher.listen_alias = session_alias
             # The lock is held before the row exists, so a row with a released lock is a dead worker's.
-            runtime.presence = presence.announce(alias, runtime.worker_id, self.settings.listen_database)
+            runtime.presence = presence.announce(alias, runtime.worker_id, session_alias)
             self._register()
         except Exception:
             if not runtime.stop_claiming.is_set():
@@ -125,7 +128,7 @@ class Supervisor:
             if runtime.presence is not None:
                 runtime.presence.withdraw()
             logger.info("durq: worker %s stopped during start-up (%s)", runtime.worker_id, runtime.stop_reason)
-            return 0
+            return exit_status.CLEAN
         self.bell = MainBell()
         self.bell.hear_signals()
         runtime.wake_main = self.bell.ring
@@ -166,14 +169,17 @@ class Supervisor:
             runtime.wake_main = lambda: None
             self.bell.close()
         handed_back = runtime.outcomes.get(RELEASED, 0)
-        logger.info(
-            "durq: worker %s stopped (%s); %d jobs done, %d handed back",
+        failed = runtime.exit_status != exit_status.CLEAN
+        logger.log(
+            logging.ERROR if failed else logging.INFO,
+            "durq: worker %s stopped (%s); %d jobs done, %d handed back%s",
             runtime.worker_id,
             runtime.stop_reason or "burst done",
             runtime.jobs_done - handed_back,
             handed_back,
+            f"; it exits with status {runtime.exit_status}" if failed else "",
         )
-        return 0
+        return runtime.exit_status
 
     def _drain(self) -> None:
         """Wait up to the grace period for running jobs, then hand back the leases still held."""
@@ -210,6 +216,40 @@ class Supervisor:
                 released += outcome == RELEASED
         if released:
             logger.warning("durq: shutdown grace ran out; released %d running job(s) for other workers", released)
+
+    def _session_alias(self) -> str | None:
+        """Where this worker may keep session state on PostgreSQL (LISTEN, session locks); None for nowhere.
+
+        ``DURQ["LISTEN_DATABASE"]`` names it (the queue's database unless set), but only a
+        connection that keeps its server session will do: through a transaction pooler, found out
+        by asking the server (``db/pooler.py``), the worker keeps none. Presence and leadership
+        then go through rows, and idle pools find new jobs at their poll interval.
+        """
+        listen_alias = self.settings.listen_database
+        if connections[self.settings.database].vendor != "postgresql":
+            return listen_alias  # SQLite's and MariaDB's presence and wake-ups need no such session
+        if listen_alias is None:
+            logger.info('durq: DURQ["LISTEN_DATABASE"] is None: idle workers find new jobs at their poll interval')
+            return None
+        try:
+            pooled = pooler.lends_sessions(connections[listen_alias])
+        except Exception as error:  # noqa: BLE001 - a session it cannot vouch for is not used
+            logger.warning(
+                "durq: cannot tell whether database %r keeps its sessions (%s); this worker keeps no session state there",
+                listen_alias,
+                error,
+            )
+            return None
+        if pooled:
+            # durq.W006 has said why, among the start-up checks; this says what the worker does.
+            logger.info(
+                "durq: database %r goes through a transaction pooler: no LISTEN, session lock or prepared claim there; "
+                "presence and maintenance duties through rows; idle pools look for new jobs every %g s",
+                listen_alias,
+                self.runtime.poll_s,
+            )
+            return None
+        return listen_alias
 
     def _report_clock(self) -> None:
         """Say how far this host's clock is from the database's, whose timeline the queue uses."""

@@ -1,10 +1,11 @@
 """Cross-process wake-up: other processes' enqueues kick this process's idle pools at once.
 
 PostgreSQL: a dedicated connection LISTENs; enqueue sends NOTIFY in its transaction, so the
-notification arrives only after commit. It connects to ``DURQ["LISTEN_DATABASE"]``: the
-queue's own database, unless that goes through a transaction pooler, which would hand the
-session holding the LISTEN to other clients between transactions; with None there is no LISTEN
-and idle workers find new jobs at their poll interval.
+notification arrives only after commit. It connects to ``DURQ["LISTEN_DATABASE"]`` (the queue's
+own database unless set), and only where that keeps its server session: a transaction pooler
+would lend the session holding the LISTEN to other clients (the supervisor asks, see
+``db/pooler.py``). With no such alias there is no LISTEN, and idle workers find new jobs at their
+poll interval. At stop, a byte on a socket pair ends the wait on the LISTEN connection at once.
 
 SQLite, and MariaDB for enqueues on the worker's own host: the watcher waits on the process's
 bell (``doorbell.py``), which an enqueue rings after its commit; a ring this process has no free
@@ -28,8 +29,10 @@ is the last safety net.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
+import socket
 import threading
 import time
 from typing import Any
@@ -67,11 +70,15 @@ MAX_GAPS = 100
 class Watcher:
     def __init__(self, alias: str, listen_alias: str | None, worker_id: str | None = None) -> None:
         self.alias = alias
-        self.listen_alias = listen_alias  # PostgreSQL only: where to LISTEN, None for nowhere
+        # PostgreSQL only: where to LISTEN, None for nowhere. The supervisor sets it to an alias
+        # whose connections keep their server session (not through a transaction pooler).
+        self.listen_alias = listen_alias
         self.worker_id = worker_id  # names the bell; None for none
         self.stopped = threading.Event()
         self.vendor = connections[alias].vendor
         self.bell: Bell | None = None
+        # Written to at stop: a wait on the LISTEN connection's socket wakes at once, not at its timeout.
+        self._stop_pair: tuple[socket.socket, socket.socket] | None = None
         self._thread = threading.Thread(target=self._run, name="durq-watcher", daemon=True)
 
     @property
@@ -84,19 +91,25 @@ class Watcher:
         if self.active:
             if self.worker_id is not None:
                 self.bell = Bell.open(self.alias, self.worker_id)
+            self._stop_pair = socket.socketpair()
             self._thread.start()
-        elif self.vendor == "postgresql":
-            logger.info('durq: DURQ["LISTEN_DATABASE"] is None: idle workers find new jobs at their poll interval')
 
     def stop(self) -> None:
         self.stopped.set()
         if self.bell is not None:
             self.bell.interrupt()
+        if self._stop_pair is not None:
+            with contextlib.suppress(OSError):  # a LISTEN wait ends at once (see _wait_readable)
+                self._stop_pair[1].send(b"\0")
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         if self.bell is not None:
             self.bell.close()
             self.bell = None
+        if self._stop_pair is not None:
+            for end in self._stop_pair:
+                end.close()
+            self._stop_pair = None
 
     def _run(self) -> None:
         delay = 0.1
@@ -197,34 +210,37 @@ class Watcher:
         finally:
             raw.close()
 
+    def _wait_readable(self, raw: Any, seconds: float) -> bool:
+        """Wait until the LISTEN connection has something to read, or ``stop()``; True when it has."""
+        assert self._stop_pair is not None  # made by start()
+        ready, _, _ = select.select([raw, self._stop_pair[0]], [], [], seconds)
+        return raw in ready and not self.stopped.is_set()
+
     def _pump_psycopg3(self, raw: Any) -> None:
-        # psycopg hands a notification that arrives while a statement runs (the idle check below)
-        # only to notify handlers, never to a later notifies(): the handler keeps it.
-        heard: set[str] = set()
-        raw.add_notify_handler(lambda notice: heard.add(notice.payload))
+        # Notifications are read through notifies() alone: psycopg (3.2.4 and later) keeps one that
+        # arrives while a statement runs (the idle check below) for the next notifies(). A notify
+        # handler besides would take such notifications from it, and psycopg warns against the mix.
         checked = time.monotonic()
         while not self.stopped.is_set():
-            ready, _, _ = select.select([raw.fileno()], [], [], 1.0)
-            if ready:
-                heard.update(notice.payload for notice in raw.notifies(timeout=0, stop_after=1000))
-            elif time.monotonic() - checked >= LISTEN_CHECK_S:
+            if self._wait_readable(raw, max(LISTEN_CHECK_S - (time.monotonic() - checked), 0.0)):
+                queues = {notice.payload for notice in raw.notifies(timeout=0, stop_after=1000)}
+                if queues:
+                    wakeup.notify(queues)
+            elif not self.stopped.is_set() and time.monotonic() - checked >= LISTEN_CHECK_S:
                 checked = time.monotonic()
                 raw.execute("SELECT 1")  # notices a connection that died without a word
-            if heard:
-                queues = set(heard)
-                heard.clear()
-                wakeup.notify(queues)
+                queues = {notice.payload for notice in raw.notifies(timeout=0, stop_after=1000)}
+                if queues:  # arrived during the check
+                    wakeup.notify(queues)
 
     def _pump_psycopg2(self, raw: Any) -> None:
         while not self.stopped.is_set():
-            ready, _, _ = select.select([raw], [], [], 1.0)
+            self._wait_readable(raw, LISTEN_CHECK_S)
             raw.poll()
             if raw.notifies:
                 queues = {notice.payload for notice in raw.notifies}
                 raw.notifies.clear()
                 wakeup.notify(queues)
-            elif not ready:
-                time.sleep(0)
 
 
 class Pace:

@@ -74,6 +74,7 @@ def test_t24_idle_connections_dropped_then_work_arrives(faults):
 
 @one_leg
 @only_on("postgres")
+@pytest.mark.own_sessions  # counts the worker's own backends, which a pooler keeps for others
 def test_t25_connection_budget_and_no_leftover_backends(faults):
     # One worker with three pools: slots 4 + 2 + 1.
     worker = faults.spawn("--queue", "default:4", "--queue", "fast:2", "--queue", "slow:1")
