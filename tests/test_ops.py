@@ -341,6 +341,8 @@ def test_health():
         "oldest_wait_seconds": None,
         "unserved_queues": {},
         "paused_queues": [],
+        "orphaned_jobs": [],
+        "unknown_type_last_hour": {},
         "problems": [],
     }
     make_job("waiting", run_at_ms=NOW - 400_000)

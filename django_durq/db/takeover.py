@@ -37,6 +37,7 @@ class Orphan:
     errors: str
     worker: str
     dependents: int | None
+    stop_requested: bool
 
     @property
     def lease(self) -> Lease:
@@ -45,6 +46,11 @@ class Orphan:
     @property
     def last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
+
+    @property
+    def ends(self) -> bool:
+        """The takeover ends the job (a dead letter, or cancelled at an operator's request)."""
+        return self.last_attempt or bool(self.stop_requested)
 
 
 def _marks(values: Sequence[object]) -> str:
@@ -67,7 +73,7 @@ def lock_orphans(dialect: Dialect, leases: Sequence[Lease]) -> list[Orphan]:
         return []
     fence, params = _fence(leases)
     rows = dialect.fetchall(
-        f"SELECT id, claim_token, name, queue, attempts, max_attempts, errors, claimed_by, dependents FROM {JOB}"
+        f"SELECT id, claim_token, name, queue, attempts, max_attempts, errors, claimed_by, dependents, stop_requested FROM {JOB}"
         f" WHERE status = 'running' AND {fence} {dialect.row_lock}",
         params,
     )

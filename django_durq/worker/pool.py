@@ -205,9 +205,9 @@ class Pool:
                 want = target - held
                 # Refill once the buffer is half used (at once when it only covers free slots).
                 self._low_water = (target - self.concurrency) // 2
-                # While leases could not be confirmed, claim nothing: a job taken now might be
-                # given to another worker before this process can renew it.
-                refill = want > 0 and ready <= self._low_water and runtime.leases_ok.is_set()
+                # While leases could not be confirmed, or the presence lock may be gone, claim
+                # nothing: a job taken now might be given to another worker.
+                refill = want > 0 and ready <= self._low_water and runtime.leases_ok.is_set() and runtime.presence_held()
                 overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
                 flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
                 if ready:
@@ -293,6 +293,7 @@ class Pool:
                 shutdown=runtime.shutdown,
                 stop_cause=runtime.stop_cause,
                 claimed_mono=claimed_mono,
+                presence_held_since=runtime.presence_held_since,
             )
             attempts.append(Attempt(job, ctx, self))
         runtime.book.add(attempts)

@@ -59,7 +59,7 @@ def test_a_type_added_while_an_old_worker_runs_spends_no_attempt(faults):
         assert (row.status, row.attempts) == (Status.WAITING, 0), (row.status, row.attempts, row.errors)
     old.signal(signal.SIGTERM)
     assert old.wait(timeout=30) == 0, old.output()
-    assert old.output().count("is not registered in this worker") == 1  # once per type
+    assert old.output().count("no handler is registered under this name in this worker") == 1  # once per type
 
     new = faults.spawn("--queue", "default:1")
     wait_until(lambda: not Job.objects.active().exists(), 30, "the new worker to run them")
