@@ -52,6 +52,9 @@ WITHDRAW_S = 5.0
 # A session not heard from for this long may be ended by the server before the thread can tell:
 # the worker's handlers are then told to stop (``held_since``), 2.5 s before the server could.
 SILENT_S = SESSION_IDLE_S - 2.5
+# The longest the session's thread waits between two tries to connect again: after a database
+# restart every worker holds its lock again within this (and a connect) of the server's return.
+RECONNECT_S = 6.0
 
 
 class Liveness(enum.Enum):
@@ -293,7 +296,7 @@ class SessionPresence:
                     self._close()
                     logger.warning("durq: the presence session was lost (%s); connecting again", type(error).__name__)
                     self._stopped.wait(delay)
-                    delay = min(delay * 2, 5.0)
+                    delay = min(delay * 2, RECONNECT_S - 1)
         finally:
             self._leading = False
             self._close()

@@ -17,6 +17,7 @@ import functools
 import logging
 import operator
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -78,6 +79,10 @@ class StaleWorkers:
 
     A worker that holds no lock is gone once it has missed ten heartbeats (killed, host lost);
     its jobs come back through their leases, as a silent worker may still be renewing them.
+
+    After a database restart every worker's session ends: the leader then waits until the others
+    have had time to take their locks again (``_reconnecting``), so it takes over only the jobs of
+    workers that did not come back.
     """
 
     name = "stale-workers"
@@ -115,6 +120,8 @@ class StaleWorkers:
                 watched.setdefault(worker_id, True)
         states = presence.states(alias, watched) if watched else {}
         ended = sorted(worker_id for worker_id, state in states.items() if state is Liveness.RELEASED)
+        if ended and self._reconnecting():
+            return {"removed": 0, "taken_over": 0, "ended": 0}  # judged again once the others had time to reconnect
         counts = self.takeover.take_over(ended, watched, now_ms) if ended else {"taken_over": 0, "ended": 0}
         horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
         gone: list[Q] = []
@@ -137,6 +144,20 @@ class StaleWorkers:
         if fresh or ended:
             presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
         return {"removed": deleted, **counts}
+
+    def _reconnecting(self) -> bool:
+        """True while this leader's own presence session is younger than ``RECONNECT_S``.
+
+        A database restart ends every worker's session at once; each opens a new one and takes its
+        lock again within ``RECONNECT_S``, the most its presence thread waits between tries. A
+        leader that has just opened its own session (the restart made it lead) judges no worker
+        ended before then. One that has led all along, whose session a worker's end did not touch,
+        judges at once.
+        """
+        if not isinstance(self.runtime.presence, presence.SessionPresence):
+            return False  # a lock file ends only with its process
+        since = self.runtime.presence.held_since()
+        return since is None or time.monotonic() - since < presence.RECONNECT_S
 
 
 register_duty(StaleWorkers)

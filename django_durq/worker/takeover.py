@@ -63,7 +63,7 @@ class Takeover:
         ended = sorted(workers)
         leases = store.retrying("find orphans", lambda d: running_of(d, ended))
         if not leases:
-            return {"taken_over": 0, "dead": 0}
+            return {"taken_over": 0, "ended": 0}
         done = store.retrying("take over", lambda d: self._take(d, leases, holds_lock, now_ms))
         self._announce(done, now_ms)
         return {"taken_over": len(done), "ended": sum(1 for orphan, _ in done if orphan.ends)}
