@@ -210,6 +210,8 @@ class SessionPresence:
         # last statement that got through was sent (monotonic seconds).
         self._held_since: float | None = time.monotonic()
         self._heard = self._held_since
+        # When the session was last opened again after it was lost (a database restart, a cut): None until then.
+        self.reopened_at: float | None = None
         self._stopped = threading.Event()
         # Written to at withdraw(): wakes the leader's wait on its session's socket.
         self._stop_read, self._stop_write = os.pipe()
@@ -279,7 +281,7 @@ class SessionPresence:
                 try:
                     if self._session is None:
                         self._session = self._open(self.locks, self.worker_id)
-                        self._heard = self._held_since = time.monotonic()
+                        self._heard = self._held_since = self.reopened_at = time.monotonic()
                         self._renewed = True
                         logger.info("durq: this worker's presence lock is held again")
                     sent = time.monotonic()

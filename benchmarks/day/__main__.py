@@ -111,18 +111,22 @@ def drive(day: Day) -> bool:
     ]
     try:
         run_phases(day, seconds)
+        problem = day.server.problem()
+        if problem is not None:
+            say(f"DAY FAIL: {problem}")
+            return False
         say("producers finish; draining")
         exits = [popen.wait(timeout=300) for popen in producers]
         if any(exits):
             say(f"a producer failed (exit statuses {exits}): the day is not valid")
             return False
-        acked, failed_calls = read_acked(acked_files)
+        acked, failed_calls, failed_jobs = read_acked(acked_files)
         drained = drain(day, acked, args.drain_limit)
         for worker in day.workers.values():
             worker.popen.send_signal(signal.SIGTERM)
         for worker in day.workers.values():
             worker.popen.wait(timeout=120)
-        result = verdict(day, acked, failed_calls, drained)
+        result = verdict(day, acked, (failed_calls, failed_jobs), drained)
         return print_report(day, result, " ".join(["python -m benchmarks.day", *sys.argv[1:]]))
     finally:
         for popen in producers:
@@ -143,7 +147,7 @@ def run_phases(day: Day, seconds: float) -> None:
     next_rolling = start + args.restart_every
     restart_at = start + seconds / 2
     next_memory, next_size, next_report = start, start, start + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and day.server.problem() is None:
         now = time.monotonic()
         day.manage()
         day.step_rolling()

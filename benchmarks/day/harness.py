@@ -3,8 +3,9 @@
 Every ``--restart-every`` seconds a rolling restart stops each worker in turn with SIGTERM (a
 graceful stop: its running jobs finish or are handed back) and starts its replacement before
 the next one stops; every other one deploys a new release, the web servers first. Every
-``--kill-every`` seconds one worker that is not being restarted is killed with SIGKILL and
-started again a second later, as a process manager would. Half-way through, the database is
+``--kill-every`` seconds one worker that is not being restarted is killed with SIGKILL (frozen
+with SIGSTOP for 50 ms before, while the harness reads which jobs it holds) and started again a
+second later, as a process manager would. Half-way through, the database is
 restarted once (``servers.py``). Meanwhile the harness samples the workers' memory and the
 table's size, and times each takeover: from the kill until no job of the killed worker is left
 ``running`` under its id.
@@ -70,6 +71,7 @@ class Kill:
 class Rolling:
     release: int
     slots: list[int]
+    began_ms: int
     stopping: Worker | None = None
 
 
@@ -90,6 +92,9 @@ class Day:
     rss: list[tuple[float, float]] = field(default_factory=list)  # (minute, MB)
     sizes: list[tuple[float, int, int]] = field(default_factory=list)  # (minute, table bytes, claim index bytes)
     rolling: Rolling | None = None
+    # Wall-clock spans (epoch ms) of each rolling restart and of the database's restart, for the
+    # latency of jobs queued outside them.
+    windows: list[tuple[int, int]] = field(default_factory=list)
     pending_starts: dict[int, tuple[float, int]] = field(default_factory=dict)  # slot -> (when, release)
     started: float = field(default_factory=time.monotonic)
     release: int = 0
@@ -150,14 +155,19 @@ class Day:
         if not live:
             return
         victim = self.rng.choice(live)
-        os.killpg(victim.popen.pid, signal.SIGKILL)
-        at = time.monotonic()
-        victim.popen.wait()
+        # Frozen first, so that what it holds can be read before it dies: a claim it sent just
+        # before commits within the pause, and a frozen process claims nothing more. Its lock,
+        # and with it the takeover, goes only with the SIGKILL.
+        os.killpg(victim.popen.pid, signal.SIGSTOP)
+        time.sleep(0.05)
         running = set(
             resilient(
                 lambda: list(Job.objects.filter(claimed_by=victim.worker_id, status="running").values_list("id", flat=True))
             )
         )
+        os.killpg(victim.popen.pid, signal.SIGKILL)
+        at = time.monotonic()
+        victim.popen.wait()
         self.kills.append(Kill(at, victim.worker_id, running))
         self.in_flight |= running
         self.pending_starts[victim.slot] = (at + RESTART_DELAY_S, victim.release)
@@ -180,9 +190,11 @@ class Day:
         def running() -> set[int]:
             return set(resilient(lambda: list(Job.objects.filter(status="running").values_list("id", flat=True))))
 
+        began = time.time_ns() // 1_000_000
         self.in_flight |= running()
         self.db_restart = self.server.restart()
         self.in_flight |= running()  # claims whose answer the restart cut off
+        self.windows.append((began, time.time_ns() // 1_000_000))
         say(self.db_restart)
 
     # --- rolling restarts -------------------------------------------------------------------------
@@ -192,7 +204,7 @@ class Day:
         if new != self.worker_release:
             self.release_file.write_text(str(new))  # the web servers first
         self.releases.append((time.monotonic(), new))
-        self.rolling = Rolling(new, sorted(self.workers))
+        self.rolling = Rolling(new, sorted(self.workers), began_ms=time.time_ns() // 1_000_000)
         say(f"rolling restart of {len(self.workers)} workers, release {new}")
 
     def step_rolling(self) -> None:
@@ -207,6 +219,7 @@ class Day:
             return
         if not rolling.slots:
             self.worker_release = rolling.release
+            self.windows.append((rolling.began_ms, time.time_ns() // 1_000_000))
             self.rolling = None
             return
         slot = rolling.slots[0]

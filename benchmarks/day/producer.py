@@ -3,7 +3,8 @@
 It runs the release named in a file the harness writes (a web deploy), queues one batch every
 20 ms through ``enqueue_many`` (one transaction per job type in the batch), and appends the ids
 of each committed call to its file. A call that fails may still have committed: its tag is
-written as ``?<batch>``, and the verdict does not count its jobs as unexpected.
+written as ``?<seed>:<batch>:<type>:<jobs>``, and the verdict counts up to that many runs of
+jobs it never saw acknowledged as committed before the error, not as unexpected.
 
     python -m benchmarks.day.producer OUT RELEASE_FILE SECONDS RATE SEED
 """
@@ -55,7 +56,7 @@ def main(out: Path, release_file: Path, seconds: float, rate: float, seed: int) 
                 try:
                     created = registry.require(name).enqueue_many(items)
                 except DatabaseError as error:
-                    acked.write(f"?{seed}:{batch}:{name}\n")
+                    acked.write(f"?{seed}:{batch}:{name}:{len(items)}\n")
                     print(f"enqueue failed: {type(error).__name__}: {str(error).strip()[:160]}", file=sys.stderr, flush=True)
                     connections.close_all()  # as a web request ends: the next call reconnects
                     continue

@@ -69,6 +69,10 @@ class Server:
         """Restart the database; says what was done and how long it took."""
         raise NotImplementedError
 
+    def problem(self) -> str | None:
+        """Why the database cannot be reached any more (a server process of the day's exited), or None."""
+        return None
+
     def stop(self) -> None: ...
 
 
@@ -160,6 +164,11 @@ class PostgresBehindPgBouncer(Server):
         started = time.monotonic()
         self._pg_ctl("restart", "-m", "fast")
         return f"pg_ctl restart -m fast of the day's own cluster ({time.monotonic() - started:.1f} s); PgBouncer kept running"
+
+    def problem(self) -> str | None:
+        if self.bouncer is not None and self.bouncer.poll() is not None:
+            return f"PgBouncer exited with status {self.bouncer.returncode} (see pgbouncer.log)"
+        return None
 
     def stop(self) -> None:
         if self.bouncer is not None and self.bouncer.poll() is None:

@@ -80,9 +80,9 @@ class StaleWorkers:
     A worker that holds no lock is gone once it has missed ten heartbeats (killed, host lost);
     its jobs come back through their leases, as a silent worker may still be renewing them.
 
-    After a database restart every worker's session ends: the leader then waits until the others
-    have had time to take their locks again (``_reconnecting``), so it takes over only the jobs of
-    workers that did not come back.
+    After a database restart every worker's session ends: the leader, whose session ended too,
+    waits until the others have had time to take their locks again (``_reconnecting``), so it
+    takes over only the jobs of workers that did not come back.
     """
 
     name = "stale-workers"
@@ -146,18 +146,20 @@ class StaleWorkers:
         return {"removed": deleted, **counts}
 
     def _reconnecting(self) -> bool:
-        """True while this leader's own presence session is younger than ``RECONNECT_S``.
+        """True for ``RECONNECT_S`` after this leader's own presence session was opened again.
 
         A database restart ends every worker's session at once; each opens a new one and takes its
         lock again within ``RECONNECT_S``, the most its presence thread waits between tries. A
-        leader that has just opened its own session (the restart made it lead) judges no worker
-        ended before then. One that has led all along, whose session a worker's end did not touch,
-        judges at once.
+        leader whose own session was lost too (the restart made it lead again) judges no worker
+        ended before then. One whose session a worker's end did not touch (it led all along, or
+        took over from a leader that was killed, or has just started) judges at once.
         """
-        if not isinstance(self.runtime.presence, presence.SessionPresence):
+        held = self.runtime.presence
+        if not isinstance(held, presence.SessionPresence):
             return False  # a lock file ends only with its process
-        since = self.runtime.presence.held_since()
-        return since is None or time.monotonic() - since < presence.RECONNECT_S
+        if held.held_since() is None:
+            return True
+        return held.reopened_at is not None and time.monotonic() - held.reopened_at < presence.RECONNECT_S
 
 
 register_duty(StaleWorkers)

@@ -27,7 +27,7 @@ from tests.ledger.models import Effect
 
 from .conftest import problems_in
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.one_leg]
 
 OLD = {"DURQ_TEST_CODE": "old"}
 
