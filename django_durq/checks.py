@@ -27,6 +27,7 @@
 | durq.W003 | a @job queue that DURQ["QUEUES"] does not name              |
 | durq.W004 | the LISTEN_DATABASE connection does not hear the queue's NOTIFY (--database) |
 | durq.W006 | where workers would LISTEN goes through a transaction pooler: they poll (--database) |
+| durq.W010 | queued jobs of a type no handler in this installation serves (--database) |
 | durq.I001 | which claimers the queue's database keeps apart (--deploy)  |
 """
 
@@ -36,11 +37,12 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Info, Warning, register
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
 from .db.checks import database_check_problems, listen_problems, pooler_problems, prepares_statements, sqlite_setup_warnings
+from .ops.job_types import unhandled_types
 from .registry import registry
 from .worker.runtime import connections_needed
 
@@ -202,6 +204,29 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
         found += listen_problems(queue_db, connections[listen_alias])
     messages += [(Error if p.id.startswith("durq.E") else Warning)(p.message, hint=p.hint, id=p.id) for p in found]
     return messages
+
+
+@register("django_durq", "database")
+def check_queued_types(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Jobs queued for a handler that is gone are never run: say so at the deploy that removed it."""
+    alias = get_settings().database
+    if not databases or alias not in databases or alias not in django_settings.DATABASES:
+        return []
+    try:
+        unhandled = unhandled_types(using=alias)
+    except DatabaseError:
+        return []  # the tables do not exist yet (migrate runs this before it creates them)
+    return [
+        Warning(
+            f"{count} queued job(s) of type {name!r} in database {alias!r}, which no handler in this installation "
+            "serves: they never run. A worker hands each back, attempt not counted, and after an hour makes it a "
+            "dead letter that says so",
+            hint=f"Register a handler under the name {name!r} again (a @job in an installed app's jobs.py, or a "
+            'module in DURQ["MODULES"]), and keep it until those jobs are done; or cancel them (manage.py durq cancel).',
+            id="durq.W010",
+        )
+        for name, count in sorted(unhandled.items())
+    ]
 
 
 @register("django_durq")

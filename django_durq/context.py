@@ -3,7 +3,8 @@
 A :class:`JobContext` is one attempt: one claim of one job, named by its lease (job id, claim
 token). It knows until when the database last confirmed that lease, on this process's monotonic
 clock, so ``should_stop()`` turns true by itself when renewals stop getting through — whatever
-thread stalled — before the database could give the job to another worker.
+thread stalled — before the database could give the job to another worker. It also turns true
+when the worker's presence lock may have gone, as a takeover needs nothing more.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ if TYPE_CHECKING:
 
 LEASE_LOST = "lease lost"
 LEASE_AT_RISK = "lease at risk"
+PRESENCE_LOST = "presence lost"
 CANCELLED = "cancelled"
 TIMED_OUT = "timed out"
 SHUTDOWN = "shutdown"
+# The reasons a worker asks a handler to stop although its job is still its own: a handler that
+# returns after hearing one of them hands its job back, attempt not counted.
+HAND_BACK_REASONS = (SHUTDOWN, LEASE_AT_RISK, PRESENCE_LOST)
 
 
 # Guards JobContext.settle(); contention is rare (a timeout racing a return), so one lock serves all.
@@ -57,6 +62,7 @@ class JobContext:
         shutdown: threading.Event,
         stop_cause: Callable[[], str] | None = None,
         claimed_mono: float | None = None,
+        presence_held_since: Callable[[], float | None] | None = None,
     ) -> None:
         self.job_id = job.id
         self.name = job.name
@@ -76,16 +82,20 @@ class JobContext:
         # An operator's cancel, read at the claim or from a renewal: final whatever happens next.
         self.stop_requested = bool(getattr(job, "stop_requested", False))
         self.stop_seen = False  # should_stop() has answered True to the handler
+        self.seen_reason: str | None = None  # the reason it gave then
         self.settled = False  # an outcome of this attempt is being recorded; nothing else may record one
         # Monotonic second until which the database has confirmed this lease: from the moment the
         # claim read its "now" (``claimed_mono``), or at the latest from when the context was built.
         self.confirmed_until = (mono if claimed_mono is None else claimed_mono) + job.lease_ms / 1000
+        # Monotonic second at which the lease was last confirmed: the claim, then each renewal sent.
+        self.confirmed_at = mono if claimed_mono is None else claimed_mono
         self._margin_s = lease_margin_s(job.lease_ms)
         self._deadline_mono = mono + job.timeout_ms / 1000 if job.timeout_ms else None
         self._store = store
         self._clock = clock
         self._shutdown = shutdown
         self._stop_cause = stop_cause
+        self._presence_held_since = presence_held_since
 
     def start(self) -> None:
         """The handler starts now: timeouts count from here, not from the claim."""
@@ -126,6 +136,7 @@ class JobContext:
         if self.lease in renewal.renewed:
             self.stop_requested = self.stop_requested or renewal.renewed[self.lease]
             self.confirmed_until = max(self.confirmed_until, asked + self.lease_ms / 1000)
+            self.confirmed_at = max(self.confirmed_at, asked)
         elif self.lease not in renewal.busy and not self.settled:
             self.lease_lost = True
 
@@ -138,6 +149,20 @@ class JobContext:
         """No renewal got through for long enough that the lease may lapse before the next one."""
         return time.monotonic() >= self.at_risk_from
 
+    def presence_lost(self) -> bool:
+        """This worker's presence lock may have been released since the lease was last confirmed.
+
+        Another worker takes a job over once its worker's lock is released (``worker/takeover.py``),
+        lease or no lease. The worker's presence thread learns that its session was lost at its next
+        statement on it, within ``presence.WAIT_S`` (2 s), and gives it up 2.5 s before the server
+        could end a silent session; from then until a renewal sent after the lock is held again
+        confirms the lease, the handler is told to stop.
+        """
+        if self._presence_held_since is None:
+            return False
+        since = self._presence_held_since()
+        return since is None or since > self.confirmed_at
+
     def stop_reason(self) -> str | None:
         if self.lease_lost:
             return LEASE_LOST
@@ -146,6 +171,8 @@ class JobContext:
         now = time.monotonic()
         if now >= self.confirmed_until - self._margin_s:
             return LEASE_AT_RISK
+        if self.presence_lost():
+            return PRESENCE_LOST
         if self._deadline_mono is not None and now >= self._deadline_mono:
             return TIMED_OUT
         if self._shutdown.is_set():
@@ -157,10 +184,12 @@ class JobContext:
         return self._stop_cause() if self._stop_cause is not None else ""
 
     def should_stop(self) -> bool:
-        """True when the handler should return soon: shutdown, lost lease, cancellation or timeout."""
-        if self.stop_reason() is None:
+        """True when the handler should return soon: shutdown, lost lease or presence, cancellation or timeout."""
+        reason = self.stop_reason()
+        if reason is None:
             return False
         self.stop_seen = True
+        self.seen_reason = reason
         return True
 
     def timed_out(self) -> bool:

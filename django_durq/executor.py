@@ -4,6 +4,10 @@ Any exception from a handler (``SystemExit`` and ``KeyboardInterrupt`` included)
 attempt with its traceback; the job is retried with backoff or, after ``max_attempts``, kept
 as a dead letter with every attempt's error. Every write is fenced by the claim token, so an
 executor that lost its lease changes nothing.
+
+What a handler could never run is decided before it is called (see ``unknown_types.py``): a
+job whose type this process has no handler for is handed back for another worker, attempt not
+counted; one whose stored arguments do not fit the handler's signature is a dead letter at once.
 """
 
 from __future__ import annotations
@@ -25,14 +29,15 @@ from django.dispatch import Signal
 from . import hooks, wakeup
 from .clock import Clock, datetime_to_ms, ms_to_datetime, seconds_to_ms
 from .conf import DurqSettings
-from .context import LEASE_AT_RISK, LEASE_LOST, SHUTDOWN, TIMED_OUT, JobContext
+from .context import HAND_BACK_REASONS, LEASE_LOST, TIMED_OUT, JobContext
 from .db import ClaimedJob
 from .db.dependencies import settle
 from .exceptions import Abort, InvalidPayload, Retry
 from .payload import decode_arguments, encode_json
-from .registry import JobDefinition, registry, unknown_job_message
+from .registry import JobDefinition, registry
 from .signals import job_dead, job_finished, send
 from .store import Store
+from .unknown_types import UnknownTypes
 
 logger = logging.getLogger("django_durq")
 # One line per job outcome (finished with its duration, failed, dead, cancelled, handed back),
@@ -50,6 +55,7 @@ RELEASED = "released"
 CANCELLED_OUTCOME = "cancelled"
 LOST = "lost"
 ABANDONED = "abandoned"  # another recorder (a timeout) settled this attempt first
+UNKNOWN_TYPE = "unknown type"  # handed back: this process has no handler for the job's type
 
 
 @dataclass
@@ -64,7 +70,7 @@ class Completion:
 
 @dataclass
 class Failure:
-    kind: str  # exception, timeout, unknown_job, decode, lease_expired, retry
+    kind: str  # exception, timeout, unknown_job, decode, arguments, lease_expired, worker_lost, retry
     message: str
     type: str = ""
     traceback: str = ""
@@ -102,6 +108,7 @@ class Executor:
         # handler ran (see reclaim_connection).
         self._local = threading.local()
         self._keep_finished: dict[str, int] = {}  # per queue; looked up for every finished job
+        self.unknown_types = UnknownTypes(store, clock, worker_id)
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
         if ctx.lease_lost:
@@ -127,15 +134,39 @@ class Executor:
         result: Any = None
         failure: Failure | None = None
         if definition is None:
-            failure = Failure("unknown_job", unknown_job_message(job.name))
+            return self._unknown(job, ctx, errors)
+        try:
+            args, kwargs = decode_arguments(job.arguments)
+        except (ValueError, RecursionError) as error:
+            failure = Failure("decode", f"payload decode error: {_safe_str(error)}", type=_type_path(error))
         else:
-            try:
-                args, kwargs = decode_arguments(job.arguments)
-            except (ValueError, RecursionError) as error:
-                failure = Failure("decode", f"payload decode error: {_safe_str(error)}", type=_type_path(error))
+            unfit = definition.unfit_arguments(args, kwargs)
+            if unfit is not None:
+                # Bound before the call: a TypeError the handler raises itself stays an ordinary failure.
+                failure = Failure("arguments", unfit, "TypeError", final=True)
             else:
                 failure, result = self._call(definition, ctx, args, kwargs)
         return self.record(job, ctx, failure, result, errors, definition)
+
+    def _unknown(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
+        """A job whose type this process has no handler for: handed back for a worker that has one.
+
+        Its attempt is not counted; once no worker that claimed it had a handler for
+        ``UNKNOWN_TYPE_LIMIT_MS``, it is a dead letter saying so.
+        """
+        if not ctx.settle():
+            return ABANDONED
+        if ctx.stop_requested:
+            return self._cancel(job, ctx, errors)
+        verdict = self.unknown_types.judge(job, errors)
+        if verdict.failure_message is not None:
+            failure = Failure("unknown_job", verdict.failure_message, final=True)
+            return self._fail(job, ctx, None, failure, errors)
+        if not self.store.retrying("hand back", lambda d: self.unknown_types.hand_back(d, job, ctx, verdict)):
+            return LOST
+        self.count(job.queue, UNKNOWN_TYPE)
+        self.settle_ends([job])  # an operator's cancel makes the hand-back an end
+        return UNKNOWN_TYPE
 
     def record(
         self,
@@ -191,7 +222,8 @@ class Executor:
             return LOST
         if ctx.stop_requested:
             return self._cancel(job, ctx, errors)
-        if failure is None and ctx.stop_seen and reason in (SHUTDOWN, LEASE_AT_RISK):
+        if failure is None and ctx.stop_seen and (reason in HAND_BACK_REASONS or ctx.seen_reason in HAND_BACK_REASONS):
+            # The handler returned because it was told to: it may not have done all its work.
             return self.hand_back(job, ctx, errors)
         if failure is None:
             return self._finish(job, ctx, definition, result, errors)

@@ -68,7 +68,7 @@ class JobAdmin(GuardedAdmin):
         ("Payload", {"fields": ["arguments_pretty", "result_pretty"]}),
         ("Progress", {"fields": ["progress"]}),
         ("Times", {"fields": ["created", "run_at", "started", "finished"]}),
-        ("Lease", {"fields": ["claimed_by", "lease_expires", "lease_length", "claim_token", "reclaimed_from", "stop"]}),
+        ("Lease", {"fields": ["holder", "lease_expires", "lease_length", "claim_token", "reclaimed_from", "stop"]}),
     ]
 
     class Media:
@@ -153,6 +153,13 @@ class JobAdmin(GuardedAdmin):
     @admin.display(description="lease expires")
     def lease_expires(self, job: Job) -> str:
         return when(job.lease_expires_ms)
+
+    @admin.display(description="claimed by")
+    def holder(self, job: Job) -> str:
+        """The worker holding (or last holding) the lease; a running job's, if that worker has ended, is orphaned."""
+        if job.status == Status.RUNNING and job.claimed_by in ops.ended_workers([job.claimed_by]):
+            return f"{job.claimed_by} (ended: the job is orphaned until a running worker takes it over, within a second)"
+        return job.claimed_by or "-"
 
     @admin.display(description="lease length")
     def lease_length(self, job: Job) -> str:

@@ -262,13 +262,16 @@ class DutyLease(models.Model):
 
 
 class QueueStat(models.Model):
-    """Jobs finished, failed and buried per queue per minute, for the dashboard and stats."""
+    """Jobs finished, failed, buried and handed back for an unknown type per queue per minute, for the dashboard and stats."""
 
     queue = models.CharField(max_length=100)
     minute_ms = models.BigIntegerField()
     finished = models.BigIntegerField(default=0)
     failed = models.BigIntegerField(default=0)
     dead = models.BigIntegerField(default=0)
+    unknown_type = models.BigIntegerField(
+        default=0, db_default=0, help_text="Jobs handed back by a worker that had no handler for their type."
+    )
 
     class Meta:
         db_table = "durq_queue_stat"

@@ -24,6 +24,7 @@ import contextlib
 import enum
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Mapping
@@ -50,6 +51,12 @@ SUFFIX = ".worker"
 SESSION_IDLE_S = 10
 WAIT_S = 2.0
 WITHDRAW_S = 5.0
+# A session not heard from for this long may be ended by the server before the thread can tell:
+# the worker's handlers are then told to stop (``held_since``), 2.5 s before the server could.
+SILENT_S = SESSION_IDLE_S - 2.5
+# The longest the session's thread waits between two tries to connect again: after a database
+# restart every worker holds its lock again within this (and a connect) of the server's return.
+RECONNECT_S = 6.0
 
 
 class Liveness(enum.Enum):
@@ -69,6 +76,14 @@ class WorkerPresence(Protocol):
 
     def withdraw(self) -> None:
         """At a clean stop: drop this worker's locks."""
+        ...
+
+    def held_since(self) -> float | None:
+        """Monotonic time since which this worker's lock has been held without a break; None while it may not be.
+
+        A takeover (``worker/takeover.py``) needs the lock released: an attempt whose lease was
+        confirmed after this time cannot have been taken over since.
+        """
         ...
 
 
@@ -132,6 +147,7 @@ class Presence:
         self.worker_id = worker_id
         self._fd: int | None = fd
         self._leader_fd: int | None = None
+        self._held_since = time.monotonic()
 
     @classmethod
     def announce(cls, alias: str, worker_id: str) -> Presence | None:
@@ -153,6 +169,9 @@ class Presence:
 
     def renewed(self) -> bool:
         return False  # a file lock is held until the process ends
+
+    def held_since(self) -> float | None:
+        return self._held_since  # until the process ends
 
     def lead(self) -> bool:
         """True while this worker holds the maintenance leader's lock; takes it when it is free."""
@@ -189,7 +208,15 @@ class SessionPresence:
         self._session: Any = session
         self._leading = leading
         self._renewed = False
+        # Since when the worker's lock has been held without a break (None: lost), and when the
+        # last statement that got through was sent (monotonic seconds).
+        self._held_since: float | None = time.monotonic()
+        self._heard = self._held_since
+        # When the session was last opened again after it was lost (a database restart, a cut): None until then.
+        self.reopened_at: float | None = None
         self._stopped = threading.Event()
+        # Written to at withdraw(): wakes the leader's wait on its session's socket.
+        self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="durq-presence", daemon=True)
 
     @classmethod
@@ -227,8 +254,17 @@ class SessionPresence:
         renewed, self._renewed = self._renewed, False
         return renewed
 
+    def held_since(self) -> float | None:
+        held = self._held_since
+        if held is None or time.monotonic() - self._heard > SILENT_S:
+            return None  # lost, or silent so long that the server may have ended the session
+        return held
+
     def withdraw(self) -> None:
+        if self._stopped.is_set():
+            return
         self._stopped.set()
+        os.write(self._stop_write, b"x")
         # A wait for the leader's lock is interrupted; a connect to a server that does not answer
         # is not waited for long (the session, if it ever opens, is closed by the thread).
         deadline = time.monotonic() + WITHDRAW_S
@@ -237,6 +273,8 @@ class SessionPresence:
                 if self._session is not None:
                     self.locks.interrupt(self._session)
             self._thread.join(timeout=0.2)
+        os.close(self._stop_write)
+        os.close(self._stop_read)
 
     def _run(self) -> None:
         delay = 0.1
@@ -245,22 +283,40 @@ class SessionPresence:
                 try:
                     if self._session is None:
                         self._session = self._open(self.locks, self.worker_id)
+                        self._heard = self._held_since = self.reopened_at = time.monotonic()
                         self._renewed = True
                         logger.info("durq: this worker's presence lock is held again")
+                    sent = time.monotonic()
                     if not self._leading:
                         self._leading = self.locks.take(self._session, None, WAIT_S)
-                    elif not self._stopped.wait(WAIT_S):
+                    elif not self._quiet(WAIT_S):
+                        sent = time.monotonic()
                         self._session.cursor().execute("SELECT 1")
+                    self._heard = sent  # the server cannot end the session for silence before sent + SESSION_IDLE_S
                     delay = 0.1
                 except Exception as error:  # noqa: BLE001 - connect again; heartbeats are not needed meanwhile
+                    self._held_since = None  # handlers are told to stop: a takeover may come
                     self._leading = False
                     self._close()
                     logger.warning("durq: the presence session was lost (%s); connecting again", type(error).__name__)
                     self._stopped.wait(delay)
-                    delay = min(delay * 2, 5.0)
+                    delay = min(delay * 2, RECONNECT_S - 1)
         finally:
             self._leading = False
             self._close()
+
+    def _quiet(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` between the leader's statements; True once the worker stops.
+
+        It returns early when the server speaks on the idle session: that is the server ending it
+        (a restart, ``pg_terminate_backend``, ``KILL``), and the statement that follows learns it at
+        once, so that the worker's handlers are told to stop before another worker takes over.
+        """
+        try:
+            select.select([self._session.fileno(), self._stop_read], [], [], wait_s)
+        except (OSError, ValueError):  # no socket to watch: wait out the time
+            return self._stopped.wait(wait_s)
+        return self._stopped.is_set()
 
     def _close(self) -> None:
         session, self._session = self._session, None
@@ -300,6 +356,14 @@ def _state(root: Path, worker_id: str) -> Liveness:
     finally:
         os.close(fd)
     return Liveness.RELEASED
+
+
+def lock_files(alias: str) -> list[str]:
+    """The worker ids that have a lock file (SQLite; none elsewhere), live and ended alike."""
+    root = directory(alias)
+    if root is None or not root.is_dir():
+        return []
+    return [path.name.removesuffix(SUFFIX) for path in root.glob(f"*{SUFFIX}")]
 
 
 def sweep(alias: str) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from .arguments import HandlerArguments
+from .arguments import HandlerArguments, qualified_name
 from .backoff import Backoff
 from .clock import seconds_to_ms
 from .exceptions import UnknownJobType
@@ -90,6 +90,33 @@ class JobDefinition(Generic[P, R]):
         """Raise ``TypeError`` naming the handler and the argument when the handler could not take these."""
         if self.arguments is not None:
             self.arguments.check(self.name, args, kwargs)
+
+    def unfit_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+        """Why a job's stored arguments do not fit this handler's signature; None when they do.
+
+        A job queued for another version of the handler (its signature changed since) could never
+        run: the worker binds the arguments before it calls the handler, so that the job becomes a
+        dead letter saying so instead of failing every attempt with a ``TypeError``.
+        """
+        arguments = self.arguments
+        if arguments is None:
+            return None
+        try:
+            arguments.check(self.name, args, kwargs)
+        except TypeError:
+            unexpected = [] if arguments.any_keyword else [key for key in kwargs if key not in arguments.keywords]
+            try:
+                arguments.signature.bind(*args, **kwargs)
+            except TypeError as error:
+                reason = f"unexpected keyword argument {unexpected[0]!r}" if unexpected else str(error)
+            else:  # pragma: no cover - check() refuses only what bind() refuses
+                return None
+            return (
+                f"its stored arguments do not fit the handler {qualified_name(arguments.func)}{arguments.signature} "
+                f"(after the JobContext): {reason}; the job was queued for another version of the handler, and a "
+                "job whose arguments change needs a new name (see the rolling deploys guide)"
+            )
+        return None
 
     def using(
         self,

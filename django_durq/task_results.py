@@ -88,7 +88,8 @@ def result_for_job(job: Job, task: Any, alias: str, *, copy_task: bool = True) -
     """
     status = STATUS_MAP[job.status]
     entries = job.error_list
-    errors = [_task_error(entry) for entry in entries if isinstance(entry, dict)]
+    # A hand-back by a worker without the handler (``counted: false``) was no attempt of the task.
+    errors = [_task_error(entry) for entry in entries if isinstance(entry, dict) and entry.get("counted") is not False]
     if job.status == "cancelled" and not any(entry.get("kind") == "cancelled" for entry in entries if isinstance(entry, dict)):
         errors.append(TaskError(exception_class_path=_CANCELLED, traceback=f"{_CANCELLED}: cancelled before it ran"))
     if copy_task:
@@ -134,6 +135,7 @@ _KIND_CLASSES = {
     "retry": "django_durq.exceptions.Retry",
     "timeout": "builtins.TimeoutError",
     "lease_expired": "django_durq.exceptions.LeaseLost",
+    "worker_lost": "django_durq.exceptions.LeaseLost",
     "unknown_job": "django_durq.exceptions.UnknownJobType",
     "cancelled": _CANCELLED,
 }

@@ -13,6 +13,7 @@ when the health check answers 503.
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -44,7 +45,10 @@ def health(request: HttpRequest) -> HttpResponse:
     """200 when the database answers, enough workers are live, no due job waited too long and every
     queue holding due jobs has a live worker (``unserved_queues`` names those that have none); else 503.
 
-    A paused queue's jobs count for neither; ``paused_queues`` names the paused queues."""
+    A paused queue's jobs count for neither; ``paused_queues`` names the paused queues.
+    ``orphaned_jobs`` lists running jobs whose worker has ended, with that worker, until a worker
+    takes them over; ``unknown_type_last_hour`` counts per queue the jobs handed back by workers
+    without a handler for their type. Neither makes the answer 503: both are normal for a moment."""
     _authorize(request)
     options = get_settings().monitoring
     report = ops.health(now_ms=now_ms(), max_wait_ms=options.max_wait_ms, min_workers=options.min_workers)
@@ -56,6 +60,11 @@ GAUGES = [
     ("durq_jobs_failed_last_minute", "failed_last_minute", "Attempts that failed in the last minute (retried or not)."),
     ("durq_jobs_finished_last_hour", "finished_last_hour", "Jobs finished in the last hour."),
     ("durq_jobs_failed_last_hour", "failed_last_hour", "Attempts that failed in the last hour (retried or not)."),
+    (
+        "durq_jobs_unknown_type_last_hour",
+        "unknown_type_last_hour",
+        "Jobs handed back in the last hour, attempt not counted, by a worker with no handler for their type.",
+    ),
     ("durq_workers", "workers", "Live worker processes serving the queue."),
     ("durq_worker_slots", "slots", "Pool slots of the live workers serving the queue."),
 ]
@@ -90,6 +99,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
     ]
     for row in rows:
         lines.append(f'durq_queue_paused{{queue="{_label(row.queue)}"}} {int(row.paused)}')
+    orphans = Counter(orphan.queue for orphan in ops.orphaned())
+    lines += [
+        "# HELP durq_jobs_orphaned Running jobs whose worker has ended, until a worker takes them over.",
+        "# TYPE durq_jobs_orphaned gauge",
+    ]
+    for row in rows:
+        lines.append(f'durq_jobs_orphaned{{queue="{_label(row.queue)}"}} {orphans.get(row.queue, 0)}')
     lines += _limit_lines()
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
 

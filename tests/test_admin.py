@@ -21,7 +21,7 @@ from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
 from django_durq.ops import format_age as age
 from django_durq.queue_admin import throughput_chart
-from tests.test_ops import make_job
+from tests.test_ops import ended_worker, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.test_admin")]
 
@@ -112,6 +112,12 @@ def test_job_list_never_counts_the_whole_table(superuser, monkeypatch):
     assert "31 jobs" not in superuser.get(JOBS, {"status": "dead"}).content.decode()
 
 
+def test_job_detail_shows_a_running_job_whose_worker_ended_as_orphaned(superuser):
+    job = make_job("running", claimed_by=ended_worker("gone:2:bbbbbb"), lease_expires_ms=1_700_000_030_000)
+    page = superuser.get(f"{JOBS}{job.pk}/change/").content.decode()
+    assert "gone:2:bbbbbb (ended: the job is orphaned until a running worker takes it over" in page
+
+
 def test_job_detail_shows_arguments_errors_lease_and_progress(superuser):
     job = make_job(
         "running",
@@ -127,6 +133,7 @@ def test_job_detail_shows_arguments_errors_lease_and_progress(superuser):
     page = superuser.get(f"{JOBS}{job.pk}/change/").content.decode()
     assert "&quot;video&quot;: &quot;cat.mp4&quot;" in page and "&quot;args&quot;: [\n    1\n  ]" in page
     assert "web-1:42:abc" in page and "2023-11-14 22:13:50 UTC" in page
+    assert "orphaned" not in page  # no row says web-1:42:abc held a lock: its lease decides
     assert '<progress class="durq-progress" value="3" max="4"></progress> 3 / 4 (75%)' in page
     assert LOST in page
     assert "Ask to stop" in page and "Retry now" not in page

@@ -145,7 +145,8 @@ def test_listen_database_defaults_to_the_queue_database():
 
 
 def listen_problems() -> dict[str, str]:
-    messages = run_checks(tags=["django_durq"])  # Django's own checks would connect to every database
+    # Django's own checks would connect to every database, and so would django-durq's database checks.
+    messages = run_checks(tags=["django_durq"], databases=[])
     return {m.id: f"{m.msg} / {m.hint}" for m in messages if m.id in ("durq.E021", "durq.E022", "durq.E023")}
 
 
@@ -266,3 +267,24 @@ def test_processes_on_one_host_read_the_same_time_from_the_server_to_the_millise
 )
 def test_bad_monitoring_settings(monitoring):
     assert ids({"MONITORING": monitoring}) in (["durq.E015"], ["durq.E002"])
+
+
+@pytest.mark.django_db
+def test_queued_jobs_of_a_type_no_handler_serves_are_warned_about_with_the_database_checks():
+    from django_durq.models import Job
+
+    def queued(name: str, status: str = "waiting") -> None:
+        Job.objects.create(name=name, status=status, arguments="{}", run_at_ms=0, created_ms=0, lease_ms=1)
+
+    for _ in range(3):
+        queued("shop.removed")
+    queued("shop.renamed", status="running")
+    queued("shop.long_gone", status="dead")  # ended: nothing will run it
+    queued("tests.effect")  # served
+    assert "durq.W010" not in {m.id for m in run_checks()}  # a database check: only with --database
+    found = sorted((m.msg, m.hint) for m in run_checks(databases=["default"]) if m.id == "durq.W010")
+    assert [msg.split(" in database")[0] for msg, _ in found] == [
+        "1 queued job(s) of type 'shop.renamed'",
+        "3 queued job(s) of type 'shop.removed'",
+    ]
+    assert all("they never run" in msg and "Register a handler under the name" in hint for msg, hint in found)

@@ -341,14 +341,15 @@ def insert_raw(name: str, arguments: str = '{"args":[],"kwargs":{}}', max_attemp
     return row.pk
 
 
-def test_unknown_job_type_fails_then_completes_once_its_handler_appears(clock):
+def test_unknown_job_type_is_handed_back_uncounted_then_runs_once_its_handler_appears(clock):
     pk = insert_raw("tests.later", now=clock.now_ms())
-    assert drain(clock=clock) == {"retrying": 1}
-    assert (
-        Job.objects.get(pk=pk)
-        .error_list[0]["message"]
-        .startswith("unknown job type 'tests.later': no handler is registered under this name")
-    )
+    assert drain(clock=clock) == {"unknown type": 1}
+    row = Job.objects.get(pk=pk)
+    # Handed back for a worker that has the handler: attempt not counted, due again a second later.
+    assert (row.status, row.attempts, row.run_at_ms) == ("waiting", 0, clock.now_ms() + 1_000)
+    [note] = row.error_list
+    assert (note["kind"], note["counted"]) == ("unknown_job", False)
+    assert note["message"].startswith("unknown job type 'tests.later' in worker drain:")
     jobs.effect.enqueue(tag="unaffected")
     clock.advance(timedelta(minutes=5))
 
@@ -363,13 +364,63 @@ def test_unknown_job_type_fails_then_completes_once_its_handler_appears(clock):
     assert sorted(Effect.objects.values_list("tag", flat=True)) == ["later", "unaffected"]
 
 
+def test_a_type_that_stays_unknown_waits_longer_each_time_and_is_a_dead_letter_after_an_hour(clock):
+    from django_durq.unknown_types import UNKNOWN_TYPE_LIMIT_MS
+
+    pk = insert_raw("tests.gone", max_attempts=3, now=clock.now_ms())
+    first = clock.now_ms()
+    hand_backs = 0
+    while Job.objects.get(pk=pk).status == "waiting":
+        row = Job.objects.get(pk=pk)
+        clock.advance(max(row.run_at_ms - clock.now_ms(), 0))
+        assert drain(clock=clock) in ({"unknown type": 1}, {"dead": 1})
+        hand_backs += 1
+        row = Job.objects.get(pk=pk)
+        if row.status == "waiting":
+            waited = clock.now_ms() - first
+            assert row.attempts == 0 and len(row.error_list) == 1  # noted once, never counted
+            assert row.run_at_ms - clock.now_ms() == min(max(waited // 10, 1_000), 300_000)
+    # An hour of hand-backs at a growing pace costs tens of claims, not thousands.
+    assert clock.now_ms() - first >= UNKNOWN_TYPE_LIMIT_MS and hand_backs < 100
+    row = Job.objects.get(pk=pk)
+    assert (row.status, row.attempts) == ("dead", 1)
+    _, dead = row.error_list
+    assert (dead["kind"], dead.get("counted", True)) == ("unknown_job", True)
+    assert dead["message"].startswith("unknown job type 'tests.gone': no worker that claimed it in 60 minutes had a handler")
+
+
 def test_a_dotted_path_in_the_database_is_never_imported(clock, tmp_path):
+    from django_durq.unknown_types import UNKNOWN_TYPE_LIMIT_MS
+
     target = tmp_path / "pwned"
     arguments = json.dumps({"args": [f"touch {target}"], "kwargs": {}})
     pk = insert_raw("os.system", arguments=arguments, max_attempts=1, now=clock.now_ms())
+    assert drain(clock=clock) == {"unknown type": 1}
+    clock.advance(UNKNOWN_TYPE_LIMIT_MS)
     assert drain(clock=clock) == {"dead": 1}
     assert not target.exists()
-    assert Job.objects.get(pk=pk).error_list[0]["kind"] == "unknown_job"
+    assert [e["kind"] for e in Job.objects.get(pk=pk).error_list] == ["unknown_job", "unknown_job"]
+
+
+def test_arguments_that_do_not_fit_are_bound_before_the_call_and_the_job_is_a_dead_letter(clock):
+    pk = insert_raw("tests.read_order", arguments='{"args":[],"kwargs":{"order":1}}', max_attempts=5, now=clock.now_ms())
+    assert drain(clock=clock) == {"dead": 1}
+    row = Job.objects.get(pk=pk)
+    [entry] = row.error_list
+    assert (row.attempts, entry["kind"], entry["type"]) == (1, "arguments", "TypeError")
+    assert entry["message"] == (
+        "its stored arguments do not fit the handler tests.ledger.jobs.read_order(order_id) (after the JobContext): "
+        "unexpected keyword argument 'order'; the job was queued for another version of the handler, and a job whose "
+        "arguments change needs a new name (see the rolling deploys guide)"
+    )
+    assert not Effect.objects.exists()
+
+
+def test_a_type_error_raised_inside_the_handler_is_an_ordinary_failure(clock):
+    queued = jobs.type_error_inside.enqueue(tag="bug")
+    assert drain(clock=clock) == {"retrying": 1}
+    [entry] = Job.objects.get(pk=queued.pk).error_list
+    assert (entry["kind"], entry["type"]) == ("exception", "TypeError")
 
 
 def test_corrupt_arguments_are_a_failed_attempt(clock):

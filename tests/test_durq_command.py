@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django_durq.clock import ManualClock, use_clock
 from django_durq.models import Job, QueueStat
 from tests.conftest import run_command
-from tests.test_ops import DAY, NOW, make_job
+from tests.test_ops import DAY, NOW, ended_worker, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -186,3 +186,24 @@ def test_bad_input_from_the_shell_is_one_line_and_exit_2(worker_env):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], result.stderr
         assert result.stdout == ""
+
+
+def test_show_gives_a_running_jobs_worker_and_lease_and_calls_an_orphan_so():
+    alive = make_job("running", claimed_by="drain:1:1", lease_expires_ms=NOW + 45_000)
+    orphan = make_job("running", claimed_by=ended_worker("gone:3:cccccc"), lease_expires_ms=NOW + 30_000)
+    out, _ = durq("show", str(alive.pk), str(orphan.pk))
+    first, second = out.split("\n\n")
+    assert first.splitlines()[0].endswith(": running") and "  worker    drain:1:1\n" in first
+    assert "  lease     expires 2027-01-15 08:00:45 UTC (in 45 s)" in first
+    assert second.splitlines()[0].endswith(": running (orphaned)")
+    assert "  worker    gone:3:cccccc (ended: the job is orphaned" in second
+    [shown] = json.loads(durq("show", str(orphan.pk), "--json")[0])
+    assert (shown["worker"], shown["orphaned"], shown["lease_expires_at"][:19]) == ("gone:3:cccccc", True, "2027-01-15T08:00:30")
+
+
+def test_stats_warns_of_jobs_handed_back_for_an_unknown_type():
+    QueueStat.objects.create(queue="default", minute_ms=NOW - 600_000, finished=1, unknown_type=7)
+    out, err = durq("stats", "--json")
+    [row] = [row for row in json.loads(out) if row["queue"] == "default"]
+    assert row["unknown_type_last_hour"] == 7
+    assert "Warning: 7 job(s) of queue 'default' handed back in the last hour by a worker with no handler" in err

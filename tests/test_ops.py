@@ -46,6 +46,33 @@ def make_job(status: str = "dead", *, queue: str = "default", name: str = "tests
     return Job.objects.create(**values)
 
 
+def ended_worker(worker_id: str) -> str:
+    """The row of a worker that held a presence lock and has ended: its lock is released.
+
+    On SQLite a lock file that no process holds; on PostgreSQL and MariaDB no session holds its lock.
+    """
+    from django_durq import presence
+
+    WorkerProcess.objects.create(
+        worker_id=worker_id, host="gone", pid=1, queues='{"default": 1}', started_ms=NOW, last_seen_ms=NOW, holds_lock=True
+    )
+    root = presence.directory("default")
+    if root is not None:
+        root.mkdir(exist_ok=True)
+        (root / (worker_id + presence.SUFFIX)).touch()
+    return worker_id
+
+
+def test_running_jobs_whose_worker_ended_are_orphaned_with_their_worker_and_lease():
+    gone = ended_worker("gone:1:aaaaaa")
+    orphan = make_job("running", claimed_by=gone, lease_expires_ms=NOW + 30_000)
+    make_job("running", claimed_by="drain:1:1", lease_expires_ms=NOW + 30_000)  # no row: its lease decides
+    assert [(o.id, o.worker, o.lease_expires_ms) for o in ops.orphaned()] == [(orphan.pk, gone, NOW + 30_000)]
+    report = ops.health(now_ms=NOW)
+    assert [(o["id"], o["worker"]) for o in report["orphaned_jobs"]] == [(orphan.pk, gone)]
+    assert report["orphaned_jobs"][0]["lease_expires_at"].startswith("2027-01-15T08:00:30")
+
+
 def wait_for(predicate, what: str, worker) -> None:
     try:
         wait_until(predicate, 30, what)
@@ -341,6 +368,8 @@ def test_health():
         "oldest_wait_seconds": None,
         "unserved_queues": {},
         "paused_queues": [],
+        "orphaned_jobs": [],
+        "unknown_type_last_hour": {},
         "problems": [],
     }
     make_job("waiting", run_at_ms=NOW - 400_000)

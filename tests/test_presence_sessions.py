@@ -49,7 +49,11 @@ def durq_tables() -> dict[str, list[tuple]]:
 def leader_lock_held() -> bool:
     with connection.cursor() as cursor:
         if db_vendor() == "postgres":
-            leaders = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s"
+            # This database's leader only: other test databases on a shared server have theirs.
+            leaders = (
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
             cursor.execute(leaders, [LEADER_KEY[0]])
             return cursor.fetchone()[0] == 1
         cursor.execute("SELECT IS_USED_LOCK(%s)", [session_locks("default").name(None)])
@@ -124,7 +128,10 @@ def test_a_presence_session_the_server_ends_is_opened_again(spawn_worker):
     wait_until(lambda: LEADS in worker.output(), 30, "the worker to lead")
     with connection.cursor() as cursor:
         if db_vendor() == "postgres":
-            cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
         else:
             cursor.execute("SELECT IS_USED_LOCK(%s)", [session_locks("default").name(None)])
             cursor.execute(f"KILL CONNECTION {int(cursor.fetchone()[0])}")

@@ -172,8 +172,8 @@ class Dialect:
             rows = self.fetchall(lock, (queue,))
         return bool(rows[0][0])
 
-    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
-        """Add (queue, minute_ms, finished, failed, dead) to the per-minute counters."""
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int, int]]) -> None:
+        """Add (queue, minute_ms, finished, failed, dead, unknown type) to the per-minute counters."""
         raise NotImplementedError
 
     def notify(self, queues: Sequence[str]) -> None:

@@ -192,12 +192,14 @@ class MySQLDialect(Dialect):
         if chunk:
             yield chunk
 
-    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int, int]]) -> None:
         for row in rows:
             self.execute(
-                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES (%s, %s, %s, %s, %s)"
+                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead, unknown_type)"
+                " VALUES (%s, %s, %s, %s, %s, %s)"
                 " ON DUPLICATE KEY UPDATE finished = finished + VALUES(finished),"
-                " failed = failed + VALUES(failed), dead = dead + VALUES(dead)",
+                " failed = failed + VALUES(failed), dead = dead + VALUES(dead),"
+                " unknown_type = unknown_type + VALUES(unknown_type)",
                 row,
             )
 

@@ -210,12 +210,14 @@ class PostgreSQLDialect(Dialect):
         ids = [job_id for job_id, _ in leases]
         return "(job_id, claim_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))", [ids, [t for _, t in leases]]
 
-    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int, int]]) -> None:
         for row in rows:
             self.execute(
-                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES (%s, %s, %s, %s, %s)"
+                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead, unknown_type)"
+                " VALUES (%s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (queue, minute_ms) DO UPDATE SET finished = durq_queue_stat.finished + excluded.finished,"
-                " failed = durq_queue_stat.failed + excluded.failed, dead = durq_queue_stat.dead + excluded.dead",
+                " failed = durq_queue_stat.failed + excluded.failed, dead = durq_queue_stat.dead + excluded.dead,"
+                " unknown_type = durq_queue_stat.unknown_type + excluded.unknown_type",
                 row,
             )
 

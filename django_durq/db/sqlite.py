@@ -121,12 +121,14 @@ class SQLiteDialect(Dialect):
     def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _ATTEMPTS, [json.dumps(leases)]
 
-    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int]]) -> None:
+    def add_stats(self, rows: Sequence[tuple[str, int, int, int, int, int]]) -> None:
         for row in rows:
             self.execute(
-                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead) VALUES (%s, %s, %s, %s, %s)"
+                "INSERT INTO durq_queue_stat (queue, minute_ms, finished, failed, dead, unknown_type)"
+                " VALUES (%s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (queue, minute_ms) DO UPDATE SET finished = finished + excluded.finished,"
-                " failed = failed + excluded.failed, dead = dead + excluded.dead",
+                " failed = failed + excluded.failed, dead = dead + excluded.dead,"
+                " unknown_type = unknown_type + excluded.unknown_type",
                 row,
             )
 

@@ -1,4 +1,4 @@
-"""How ``manage.py durq`` words jobs: id lists, durations, last errors, and a job as JSON."""
+"""How ``manage.py durq`` words jobs: id lists, durations, last errors, a running job's worker and lease, and a job as JSON."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..clock import ms_to_datetime
-from ..ops import local_time
+from ..ops import format_age, local_time
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -43,7 +43,24 @@ def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def job_dict(job: Job) -> dict[str, Any]:
+def holder_lines(job: Job, ended: bool, now_ms: int) -> list[str]:
+    """Who holds a running job and until when; for an orphan, that its worker has ended."""
+    if job.status != "running":
+        return []
+    expires = job.lease_expires_ms
+    if expires is None:
+        left = ""
+    elif expires > now_ms:
+        left = f" (in {format_age(expires - now_ms)})"
+    else:
+        left = f" ({format_age(now_ms - expires)} ago)"
+    worker = f"  worker    {job.claimed_by or '-'}"
+    if ended:
+        worker += " (ended: the job is orphaned; a running worker takes it over within a second)"
+    return [worker, f"  lease     expires {local_time(expires)}{left}"]
+
+
+def job_dict(job: Job, ended: bool = False) -> dict[str, Any]:
     return {
         "id": job.pk,
         "name": job.name,
@@ -57,6 +74,9 @@ def job_dict(job: Job) -> dict[str, Any]:
         "started_at": iso(job.started_ms),
         "ended_at": iso(job.finished_ms),
         "took_s": took_s(job),
+        "worker": job.claimed_by or None,
+        "lease_expires_at": iso(job.lease_expires_ms) if job.status == "running" else None,
+        "orphaned": ended,
         "arguments": json.loads(job.arguments),
         "result": json.loads(job.result) if job.result is not None else None,
         "errors": job.error_list,

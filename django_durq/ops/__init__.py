@@ -4,12 +4,13 @@ The admin actions, the ``durq`` management command and the monitoring views are 
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
 batches of ids so that no statement holds locks on a large part of the table. One module per
 concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.pausing`, :mod:`.limits`, :mod:`.workflows`,
-:mod:`.formatting`; their public names are all here.
+:mod:`.formatting`, :mod:`.orphans`; their public names are all here.
 """
 
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
 from .formatting import format_age, local_time
 from .limits import KeyAtLimit, LimitUsage, limit_usage
+from .orphans import Orphan, ended_workers, orphaned
 from .pausing import pause, paused_queues, resume
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
@@ -35,6 +36,7 @@ __all__ = [
     "KeyAtLimit",
     "LimitUsage",
     "NoSuchWorkflow",
+    "Orphan",
     "QueueStats",
     "RetryResult",
     "Selection",
@@ -43,6 +45,7 @@ __all__ = [
     "cancel",
     "cancel_workflow",
     "due_jobs",
+    "ended_workers",
     "failed",
     "format_age",
     "health",
@@ -50,6 +53,7 @@ __all__ = [
     "limit_usage",
     "live_workers",
     "local_time",
+    "orphaned",
     "pause",
     "paused_queues",
     "purge",

@@ -10,6 +10,7 @@ from django.db.models import Min, Sum
 from django.utils.translation import ngettext
 
 from ..models import JobQuerySet, QueueStat
+from .orphans import orphaned
 from .pausing import paused_queues
 from .reading import alias_of, jobs_on, live_workers, now_or, queue_names, worker_queues
 
@@ -31,6 +32,9 @@ class QueueStats:
     failed_last_minute: int
     finished_last_hour: int
     failed_last_hour: int
+    # Jobs handed back, attempt not counted, by a worker that had no handler for their type (a
+    # worker of another release, during a deploy; or a type that is gone).
+    unknown_type_last_hour: int
     workers: int  # live worker processes serving this queue
     slots: int  # their pool sizes for this queue, added up
     paused: bool  # an operator paused it: no worker starts its jobs (ops.pause)
@@ -55,29 +59,30 @@ def stats(*, now_ms: int | None = None, count_cap: int | None = None, using: str
     """
     now = now_or(now_ms)
     alias = alias_of(using)
-    sums: dict[tuple[str, str], tuple[int, int]] = {}
+    sums: dict[tuple[str, str], tuple[int, int, int]] = {}
     rows = (
         QueueStat.objects.using(alias)
         .filter(minute_ms__gt=now - HOUR_MS - MINUTE_MS)
-        .values_list("queue", "minute_ms", "finished", "failed")
+        .values_list("queue", "minute_ms", "finished", "failed", "unknown_type")
     )
     for window, window_ms in (("minute", MINUTE_MS), ("hour", HOUR_MS)):
         totals: dict[str, list[float]] = {}
-        for queue, start, finished_count, failed_count in rows:
+        for queue, start, finished_count, failed_count, unknown_count in rows:
             weight = _overlap(start, now, window_ms)
-            total = totals.setdefault(queue, [0.0, 0.0])
+            total = totals.setdefault(queue, [0.0, 0.0, 0.0])
             total[0] += finished_count * weight
             total[1] += failed_count * weight
-        for queue, (done, bad) in totals.items():
-            sums[(queue, window)] = (round(done), round(bad))
+            total[2] += unknown_count * weight
+        for queue, (done, bad, unknown) in totals.items():
+            sums[(queue, window)] = (round(done), round(bad), round(unknown))
     workers = [worker_queues(worker) for worker in live_workers(now_ms=now, using=alias)]
     paused = paused_queues(using=alias)
     result = []
     for queue in queue_names(alias):
         jobs = jobs_on(alias).in_queue(queue)
         serving = [pools[queue] for pools in workers if queue in pools]
-        last_minute = sums.get((queue, "minute"), (0, 0))
-        last_hour = sums.get((queue, "hour"), (0, 0))
+        last_minute = sums.get((queue, "minute"), (0, 0, 0))
+        last_hour = sums.get((queue, "hour"), (0, 0, 0))
         result.append(
             QueueStats(
                 queue=queue,
@@ -91,6 +96,7 @@ def stats(*, now_ms: int | None = None, count_cap: int | None = None, using: str
                 failed_last_minute=last_minute[1],
                 finished_last_hour=last_hour[0],
                 failed_last_hour=last_hour[1],
+                unknown_type_last_hour=last_hour[2],
                 workers=len(serving),
                 slots=sum(serving),
                 paused=queue in paused,
@@ -143,6 +149,12 @@ def health(
 
     A paused queue's jobs wait because an operator asked for it: they count neither as waiting
     too long nor as unserved. ``paused_queues`` names the paused queues, for the record.
+
+    Two more facts are reported without making the queue unhealthy, as each is normal for a
+    moment: ``orphaned_jobs``, running jobs whose worker has ended (with that worker and the
+    lease's end), until a worker takes them over; and ``unknown_type_last_hour``, per queue, the
+    jobs handed back by a worker that had no handler for their type (during a deploy, a worker
+    of the former release; after it, a type that is gone).
     """
     now = now_or(now_ms)
     alias = alias_of(using)
@@ -151,6 +163,8 @@ def health(
         paused = paused_queues(using=alias)
         waits = [_oldest_wait_ms(jobs_on(alias).in_queue(queue), now) for queue in queue_names(alias) if queue not in paused]
         stranded = unserved(now_ms=now, count_cap=COUNT_CAP, using=alias)
+        orphans = [orphan.as_dict() for orphan in orphaned(using=alias)]
+        unknown = _unknown_types(now, alias)
     except DatabaseError as error:
         return {"healthy": False, "database": f"unreachable: {type(error).__name__}", "problems": ["database unreachable"]}
     oldest = max((wait for wait in waits if wait is not None), default=None)
@@ -170,8 +184,21 @@ def health(
         "oldest_wait_seconds": None if oldest is None else oldest / 1000,
         "unserved_queues": stranded,
         "paused_queues": sorted(paused),
+        "orphaned_jobs": orphans,
+        "unknown_type_last_hour": unknown,
         "problems": problems,
     }
+
+
+def _unknown_types(now: int, alias: str) -> dict[str, int]:
+    """Per queue, jobs handed back in the last hour by a worker without a handler for their type."""
+    rows = (
+        QueueStat.objects.using(alias)
+        .filter(minute_ms__gt=now - HOUR_MS, unknown_type__gt=0)
+        .values("queue")
+        .annotate(count=Sum("unknown_type"))
+    )
+    return {row["queue"]: row["count"] for row in rows.order_by("queue")}
 
 
 def unserved(*, now_ms: int | None = None, count_cap: int | None = None, using: str | None = None) -> dict[str, int]:

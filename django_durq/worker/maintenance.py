@@ -17,6 +17,7 @@ import functools
 import logging
 import operator
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,6 +28,7 @@ from .. import presence
 from ..models import DutyLease, WorkerProcess
 from ..presence import Liveness
 from .held_places import free_ended_places
+from .takeover import Takeover
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -66,43 +68,101 @@ def register_duty(factory: Callable[[Runtime], Duty]) -> Callable[[Runtime], Dut
 
 
 class StaleWorkers:
-    """Removes rows of worker processes that have ended: lock released, or heartbeats stopped.
+    """Handles the workers that have ended: takes their running jobs over, then removes their rows.
 
-    A worker whose presence lock is released is gone at once (killed, crashed, or cut off for
-    longer than a session may be silent); one that holds no lock is gone once it has missed ten
-    heartbeats (killed, host lost).
+    A worker whose presence lock is released has ended (killed, crashed, or cut off for longer
+    than a session may be silent). The duty looks every second, from the locks alone, at the
+    workers it knows: those whose rows it read (every ``ROSTER_EVERY_MS``, and when it starts to
+    lead) and, on SQLite, every lock file. While no worker ends it reads no table: on SQLite the
+    kernel answers, on PostgreSQL one read of ``pg_locks``, on MariaDB one ``IS_USED_LOCK`` per
+    worker. The running jobs of an ended worker are taken over (``takeover.py``) within a pass
+    of its end; a worker that started after the last read of the rows is seen at the next one.
+
+    A worker that holds no lock is gone once it has missed ten heartbeats (killed, host lost);
+    its jobs come back through their leases, as a silent worker may still be renewing them.
+
+    After a database restart every worker's session ends: the leader, whose session ended too,
+    waits until the others have had time to take their locks again (``_reconnecting``), so it
+    takes over only the jobs of workers that did not come back.
     """
 
     name = "stale-workers"
-    every_ms = 5_000  # a row outlives its worker by this at most; nothing but the listing reads it
+    every_ms = INTERVAL_MS  # how soon an ended worker's jobs are taken over; the look reads no table
+    ROSTER_EVERY_MS = 5_000  # how often the rows are read: a row outlives its worker by this at most
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.takeover = Takeover(runtime)
+        # The workers this leader knows: worker id -> (last_seen_ms as read, holds_lock).
+        self._roster: dict[str, tuple[int, bool]] = {}
+        self._roster_read_ms: int | None = None
+        self._last_run_ms = 0
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         alias = self.runtime.settings.database
-        horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
+        # After a gap (this worker has just started to lead) the rows are read again at once.
+        fresh = (
+            self._roster_read_ms is None
+            or now_ms - self._roster_read_ms >= self.ROSTER_EVERY_MS
+            or now_ms - self._last_run_ms > 2 * INTERVAL_MS
+        )
+        self._last_run_ms = now_ms
         workers = WorkerProcess.objects.using(alias)
-        # Read first: on SQLite even a DELETE that matches nothing takes the write lock.
-        rows = {
-            worker_id: (seen_ms, holds_lock)
-            for worker_id, seen_ms, holds_lock in workers.values_list("worker_id", "last_seen_ms", "holds_lock")
-        }
+        if fresh:
+            # Read first: on SQLite even a DELETE that matches nothing takes the write lock.
+            self._roster = {
+                worker_id: (seen_ms, holds_lock)
+                for worker_id, seen_ms, holds_lock in workers.values_list("worker_id", "last_seen_ms", "holds_lock")
+            }
+            self._roster_read_ms = now_ms
+        watched = {worker_id: row[1] for worker_id, row in self._roster.items() if worker_id != self.runtime.worker_id}
+        for worker_id in presence.lock_files(alias):  # SQLite: workers that started since the rows were read
+            if worker_id != self.runtime.worker_id:
+                watched.setdefault(worker_id, True)
+        states = presence.states(alias, watched) if watched else {}
+        ended = sorted(worker_id for worker_id, state in states.items() if state is Liveness.RELEASED)
+        if ended and self._reconnecting():
+            return {"removed": 0, "taken_over": 0, "ended": 0}  # judged again once the others had time to reconnect
+        counts = self.takeover.take_over(ended, watched, now_ms) if ended else {"taken_over": 0, "ended": 0}
+        horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
         gone: list[Q] = []
-        for worker_id, state in presence.states(alias, {worker_id: row[1] for worker_id, row in rows.items()}).items():
-            seen_ms = rows[worker_id][0]
-            if state is Liveness.RELEASED:
+        for worker_id in ended:
+            if worker_id in self._roster:
                 # Only if its row is still as read: a worker that took its lock again writes its row anew.
-                gone.append(Q(worker_id=worker_id, last_seen_ms=seen_ms))
-            elif state is Liveness.UNKNOWN and seen_ms < horizon:
-                # Only if it is still silent: its worker may have just beaten.
-                gone.append(Q(worker_id=worker_id, last_seen_ms__lt=horizon))
+                gone.append(Q(worker_id=worker_id, last_seen_ms=self._roster[worker_id][0]))
+        silent = [
+            worker_id
+            for worker_id, state in states.items()
+            if fresh and state is Liveness.UNKNOWN and worker_id in self._roster and self._roster[worker_id][0] < horizon
+        ]
+        # Only if it is still silent: its worker may have just beaten.
+        gone.extend(Q(worker_id=worker_id, last_seen_ms__lt=horizon) for worker_id in silent)
         deleted = 0
         if gone:
             deleted, _ = workers.filter(functools.reduce(operator.or_, gone)).delete()
-        presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
-        free_ended_places(alias)  # the places under limits of workers whose rows are gone
-        return {"removed": deleted}
+        for worker_id in [*ended, *silent]:
+            self._roster.pop(worker_id, None)
+        if fresh or ended:
+            presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
+        if fresh or deleted:
+            free_ended_places(alias)  # the places under limits of workers whose rows are gone
+        return {"removed": deleted, **counts}
+
+    def _reconnecting(self) -> bool:
+        """True for ``RECONNECT_S`` after this leader's own presence session was opened again.
+
+        A database restart ends every worker's session at once; each opens a new one and takes its
+        lock again within ``RECONNECT_S``, the most its presence thread waits between tries. A
+        leader whose own session was lost too (the restart made it lead again) judges no worker
+        ended before then. One whose session a worker's end did not touch (it led all along, or
+        took over from a leader that was killed, or has just started) judges at once.
+        """
+        held = self.runtime.presence
+        if not isinstance(held, presence.SessionPresence):
+            return False  # a lock file ends only with its process
+        if held.held_since() is None:
+            return True
+        return held.reopened_at is not None and time.monotonic() - held.reopened_at < presence.RECONNECT_S
 
 
 register_duty(StaleWorkers)

@@ -220,8 +220,9 @@ class Pool:
                 want = target - held
                 # Refill once the buffer is half used (at once when it only covers free slots).
                 self._low_water = (target - self.concurrency) // 2
-                # While a lease this process holds is unconfirmed, claim nothing (see AttemptBook).
-                refill = want > 0 and ready <= self._low_water and runtime.book.may_claim(now_mono)
+                # While a lease this process holds is unconfirmed (see AttemptBook), or the presence
+                # lock may be gone, claim nothing: a job taken now might be given to another worker.
+                refill = want > 0 and ready <= self._low_water and runtime.book.may_claim(now_mono) and runtime.presence_held()
                 overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
                 flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
                 if ready:
@@ -314,6 +315,7 @@ class Pool:
                 shutdown=runtime.shutdown,
                 stop_cause=runtime.stop_cause,
                 claimed_mono=claimed_mono,
+                presence_held_since=runtime.presence_held_since,
             )
             attempts.append(Attempt(job, ctx, self))
         runtime.book.add(attempts)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..clock import Clock
 from ..conf import DurqSettings
-from ..executor import DEAD, FINISHED, RETRYING
+from ..executor import DEAD, FINISHED, RETRYING, UNKNOWN_TYPE
 from ..presence import WorkerPresence
 from ..store import Store
 from . import exit_status
@@ -114,6 +114,14 @@ class Runtime:
     def stop_cause(self) -> str:
         return self.stop_reason
 
+    def presence_held_since(self) -> float | None:
+        """Since when this process's presence lock has been held without a break (0.0 where it holds none)."""
+        return self.presence.held_since() if self.presence is not None else 0.0
+
+    def presence_held(self) -> bool:
+        """False while the presence lock may be gone: other workers may then take this one's jobs over."""
+        return self.presence is None or self.presence.held_since() is not None
+
     def stop_on_signal(self, reason: str) -> None:
         """``request_stop()`` for a signal handler, which takes no lock the main thread may hold.
 
@@ -155,7 +163,7 @@ class Runtime:
     def count(self, queue: str, outcome: str, n: int = 1) -> None:
         minute = self.clock.now_ms() // 60_000 * 60_000
         with self._lock:
-            row = self._stats.setdefault((queue, minute), [0, 0, 0])
+            row = self._stats.setdefault((queue, minute), [0, 0, 0, 0])
             if outcome == FINISHED:
                 row[0] += n
             elif outcome == RETRYING:
@@ -163,8 +171,10 @@ class Runtime:
             elif outcome == DEAD:
                 row[1] += n
                 row[2] += n
+            elif outcome == UNKNOWN_TYPE:
+                row[3] += n
 
-    def take_stats(self) -> list[tuple[str, int, int, int, int]]:
+    def take_stats(self) -> list[tuple[str, int, int, int, int, int]]:
         with self._lock:
             stats, self._stats = self._stats, {}
         return [(queue, minute, *counts) for (queue, minute), counts in sorted(stats.items())]  # type: ignore[misc]

@@ -25,6 +25,9 @@ from .conftest import LEASE_S, POLL_S, cut_connections, is_gone, one_leg, only_o
 pytestmark = pytest.mark.processes
 
 RECOVERY_S = LEASE_S + POLL_S + 2  # the catalogue's cap: L + P + 2 s
+# A killed worker's attempt is taken over once its presence lock is released, or once its lease
+# expires, whichever comes first: with L = 2 s either may.
+LOST = checker.WORKER_LOST_KINDS
 # How a worker says it lost a lease: from a heartbeat, at the end of the run, or at completion.
 FENCED = re.compile(r"lost its lease|finished after its lease was lost")
 
@@ -62,7 +65,7 @@ def test_t07_kill_9_after_the_claim_is_recovered_through_the_lease(faults):
 
     row = Job.objects.get(pk=held.pk)
     assert row.status == Status.FINISHED and row.attempts == 2
-    assert [(e["attempt"], e["kind"], e["worker"]) for e in row.error_list] == [(1, "lease_expired", victim_id)]
+    assert [(e["attempt"], e["kind"] in LOST, e["worker"]) for e in row.error_list] == [(1, True, victim_id)]
     verdict = checker.check(acked)
     assert verdict.exact, verdict
     assert set(Effect.objects.values_list("pid", flat=True)) == {rescuer.pid}
@@ -86,7 +89,7 @@ def test_t08_claim_outcome_unknown_connection_cut_then_kill_9(faults):
     wait_until(lambda: Job.objects.get(pk=held.pk).status == Status.FINISHED, 30, "the rescue to finish")
 
     row = Job.objects.get(pk=held.pk)
-    assert row.attempts == 2 and [e["kind"] for e in row.error_list] == ["lease_expired"]
+    assert row.attempts == 2 and len(row.error_list) == 1 and row.error_list[0]["kind"] in LOST
     assert checker.check({held.pk}).exact
     # The rescuer lost its connections too; it reconnected without an error.
     assert problems_in(rescuer.output()) == []
@@ -117,14 +120,14 @@ def test_t11_poison_pill_that_kills_its_worker_becomes_a_dead_letter(faults, mod
 
     row = Job.objects.get(pk=poison.pk)
     assert row.attempts == 3 and len(row.error_list) == 3
-    assert {e["kind"] for e in row.error_list} == {"lease_expired"}
+    assert {e["kind"] for e in row.error_list} <= LOST
     assert len(exits) == 3, exits
     assert set(exits) == {{"exit": 137, "sigkill": -9, "segv": -11}[mode]}
     assert worker.popen.poll() is None, "the pool is alive at the end"
     assert Effect.objects.filter(job_id=poison.pk).count() == 3  # each crash came after its effect
     verdict = checker.check({poison.pk} | {row.pk for row in normal})
     assert verdict.ok and verdict.duplicated == [poison.pk] and verdict.dead == [poison.pk], verdict
-    assert "lost its worker on its last attempt -> dead letter" in worker.output()
+    assert re.search(r"on its last attempt.* -> dead letter", worker.output())
 
 
 @one_leg
@@ -145,7 +148,7 @@ def test_t12_recovery_needs_only_the_job_lease(faults, variant):
     wait_until(lambda: Job.objects.get(pk=held.pk).status == Status.FINISHED, 30, "the orphan to finish")
 
     row = Job.objects.get(pk=held.pk)
-    assert [(e["kind"], e["worker"]) for e in row.error_list] == [("lease_expired", "w1")]
+    assert [(e["kind"] in LOST, e["worker"]) for e in row.error_list] == [(True, "w1")]
     assert row.claimed_by == ("w1" if variant == "same-worker-id" else "w2")
     assert checker.check({held.pk}).exact
     assert Effect.objects.get(job_id=held.pk).pid == successor.pid
@@ -166,7 +169,7 @@ def test_t13_killed_worker_with_every_slot_busy_leaves_nothing_behind(faults):
     wait_until(lambda: not Job.objects.active().exists(), 10, "completion")
 
     for row in Job.objects.all():
-        assert row.attempts == 2 and [e["kind"] for e in row.error_list] == ["lease_expired"]
+        assert row.attempts == 2 and len(row.error_list) == 1 and row.error_list[0]["kind"] in LOST
     assert checker.check({row.pk for row in busy}).exact
     assert set(Effect.objects.values_list("pid", flat=True)) == {rescuer.pid}
 
@@ -190,7 +193,7 @@ def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
     wait_until(lambda: FENCED.search(sleeper.output()), 10, "the fence")
     row = Job.objects.get(pk=paused.pk)
     assert (row.status, row.attempts, row.claimed_by) == (Status.FINISHED, 2, worker_id_of(paused.pk))
-    assert [e["kind"] for e in row.error_list] == ["lease_expired"]
+    assert len(row.error_list) == 1 and row.error_list[0]["kind"] in LOST
     verdict = checker.check({paused.pk})
     assert verdict.ok and verdict.duplicated == [paused.pk], verdict  # explained by the recorded expiry
     # The resumed worker is healthy: it runs the next job.

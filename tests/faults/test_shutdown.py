@@ -105,6 +105,6 @@ def test_t16_second_sigint_exits_at_once_and_the_leases_expire(faults, tmp_path)
     # The polite job had been handed back before the second signal; the stubborn one was not.
     polite_row, stubborn_row = Job.objects.get(pk=polite.pk), Job.objects.get(pk=stubborn.pk)
     assert (polite_row.attempts, polite_row.error_list) == (1, [])
-    assert stubborn_row.attempts == 2 and [e["kind"] for e in stubborn_row.error_list] == ["lease_expired"]
+    assert stubborn_row.attempts == 2 and [e["kind"] in checker.WORKER_LOST_KINDS for e in stubborn_row.error_list] == [True]
     assert checker.check({polite.pk, stubborn.pk}).exact
     assert set(Effect.objects.values_list("pid", flat=True)) == {successor.pid}

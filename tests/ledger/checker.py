@@ -14,7 +14,8 @@ caller saw the commit), the job rows, and the effect rows.
 A duplicate is *explained* only when every extra execution has its own claim token and the job's
 error history records as many interrupted attempts:
 
-- a lease expiry: the worker was killed, paused or cut off, and another worker took the job over;
+- a lost worker: it was killed, paused or cut off, and another worker took the job over (once
+  its presence lock was released, ``worker_lost``, or once its lease expired, ``lease_expired``);
 - a timeout: a hung handler whose completion was fenced off;
 - a failed completion: the attempt failed on a database connection error, so the handler's own
   commit may have landed while the client saw the connection drop (an indeterminate commit).
@@ -36,7 +37,9 @@ from typing import Any
 TERMINAL = frozenset({"finished", "dead", "cancelled", "deleted"})
 # A finished job with nothing kept is deleted: no row, and the effect says it ran.
 GONE = "deleted"
-EXPLAINING_KINDS = frozenset({"lease_expired", "timeout"})
+# How a lost worker's attempt is recorded: taken over once its lock was released, or once its lease expired.
+WORKER_LOST_KINDS = frozenset({"lease_expired", "worker_lost"})
+EXPLAINING_KINDS = WORKER_LOST_KINDS | {"timeout"}
 CONNECTION_ERRORS = ("OperationalError", "InterfaceError")
 
 
@@ -139,7 +142,7 @@ def judge(
             verdict.lost.append(job_id)
         if record.status == "dead":
             verdict.dead.append(job_id)
-        verdict.lease_expiries += sum(1 for entry in record.errors if entry.get("kind") == "lease_expired")
+        verdict.lease_expiries += sum(1 for entry in record.errors if entry.get("kind") in WORKER_LOST_KINDS)
         if len(ran) > 1:
             verdict.duplicated.append(job_id)
             distinct = len(set(ran)) == len(ran)

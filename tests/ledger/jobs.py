@@ -466,5 +466,57 @@ def paced(ctx, log, hold=0.15):
     _log_run(ctx, log, "paced", hold)
 
 
+# --- handlers of the rolling-deploy tests (tests/faults/test_deploys.py) ------------------------------
+# DURQ_TEST_CODE says which release of the code a process runs: "old" lacks the job type added
+# since and still has the handler's former signature; anything else (the test process itself) is
+# the new release.
+NEW_RELEASE = os.environ.get("DURQ_TEST_CODE", "new") != "old"
+
+if NEW_RELEASE:
+
+    @job(name="tests.added_in_new", max_attempts=2)
+    def added_in_new(ctx, tag="added"):
+        record(ctx, tag)
+
+    @job(name="tests.reshaped")
+    def reshaped(ctx, width, height):
+        record(ctx, f"{width}x{height}")
+
+else:
+
+    @job(name="tests.reshaped")
+    def reshaped(ctx, size):  # type: ignore[misc]  # the former signature
+        record(ctx, f"size:{size}")
+
+
+@job(name="tests.type_error_inside", max_attempts=2)
+def type_error_inside(ctx, tag=""):
+    """Takes its arguments, then raises the TypeError a bug inside a handler would."""
+    record(ctx, tag)
+    raise TypeError("slice indices must be integers or None or have an __index__ method")
+
+
+@job(name="tests.stop_reason")
+def stop_reason(ctx, seconds=30.0, began=""):
+    """First claim: runs until told to stop, and records the reason and when (``stopped:<reason>:<epoch ms>``).
+    Later claims record ``rerun`` at once.
+
+    With ``began``, creates that file once the handler is running.
+    """
+    if ctx.claim_token > 1:
+        record(ctx, "rerun")  # started_ms: when this later attempt began
+        return
+    if began:
+        open(began, "w").close()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.should_stop():
+            tag = f"stopped:{ctx.stop_reason()}:{now_ms()}"
+            Effect.objects.create(job_id=ctx.job_id, token=ctx.claim_token, pid=os.getpid(), started_ms=ctx.started_ms, tag=tag)
+            return
+        time.sleep(0.02)
+    record(ctx, "ran-out")
+
+
 # The model-based chaos test's handlers live in a module of their own; importing it registers them.
 from . import model_jobs  # noqa: E402, F401

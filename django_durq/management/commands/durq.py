@@ -151,6 +151,15 @@ class Command(WorkflowCommands, BaseCommand):
         else:
             self._stats_table(rows)
         # On stderr, so that the table and the JSON stay as they are for whatever reads them.
+        for row in rows:
+            if row.unknown_type_last_hour:
+                self.stderr.write(
+                    self.style.WARNING(
+                        f"Warning: {row.unknown_type_last_hour} job(s) of queue {row.queue!r} handed back in the last hour "
+                        "by a worker with no handler for their type (attempts not counted): a deploy under way, or a "
+                        "type no worker has any more; the workers' logs name the types."
+                    )
+                )
         for queue, count in ops.unserved(now_ms=now).items():
             waits = ngettext("it waits", "they wait", count)
             self.stderr.write(
@@ -197,15 +206,15 @@ class Command(WorkflowCommands, BaseCommand):
     def do_show(self, options: dict[str, Any]) -> None:
         ids: list[int] = list(dict.fromkeys(options["ids"]))
         found = ops.jobs_by_id(ids)
+        ended = ops.ended_workers([job.claimed_by for job in found.values() if job.status == "running"])
         if options["json"]:
-            self.stdout.write(
-                json.dumps([job_output.job_dict(found[i]) for i in ids if i in found], indent=2, ensure_ascii=False)
-            )
+            shown = [job_output.job_dict(found[i], found[i].claimed_by in ended) for i in ids if i in found]
+            self.stdout.write(json.dumps(shown, indent=2, ensure_ascii=False))
         else:
             for index, job in enumerate(found[i] for i in ids if i in found):
                 if index:
                     self.stdout.write("")
-                self._show(job)
+                self._show(job, job.status == "running" and job.claimed_by in ended)
         missing = [i for i in ids if i not in found]
         if missing:
             keep = get_settings().keep_finished_ms
@@ -217,15 +226,16 @@ class Command(WorkflowCommands, BaseCommand):
                 returncode=NOT_ALL_DONE,
             )
 
-    def _show(self, job: Job) -> None:
+    def _show(self, job: Job, orphaned: bool) -> None:
         took = job_output.took_s(job)
         lines = [
-            f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.state}",
+            f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.state}" + (" (orphaned)" if orphaned else ""),
             f"  created   {ops.local_time(job.created_ms)}",
             f"  due       {job_output.due(job)}",
             f"  started   {ops.local_time(job.started_ms)} (attempt {job.attempts} of {job.max_attempts})",
             f"  ended     {ops.local_time(job.finished_ms)}" + (f", after {took:.3f} s" if took is not None else ""),
         ]
+        lines += job_output.holder_lines(job, orphaned, now_ms())
         if job.result is not None:
             lines.append(f"  result    {job_output.clip(job.result, 200)}")
         if job.last_error:
