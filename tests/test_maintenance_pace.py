@@ -1,4 +1,5 @@
-"""The maintenance pass runs each duty at its own pace: cron every second once a schedule is
+"""The maintenance pass runs each duty at its own pace: the look for ended workers every second
+(it reads their locks, no table, while none has ended), cron every second once a schedule is
 declared, the settle sweep every second while a workflow is in flight, pruning at a tenth of the
 time rows are kept (at most a minute), a duty that found work again at the next pass, and a
 worker that becomes the holder runs every duty at once. Driven by a manual clock, no worker."""
@@ -42,12 +43,14 @@ def ran(runner: MaintenanceRunner, clock: ManualClock) -> set[str]:
 
 
 @pytest.mark.django_db
-def test_an_idle_pass_with_nothing_declared_or_in_flight_runs_a_duty_only_every_five_seconds(runner):
+def test_an_idle_pass_with_nothing_declared_or_in_flight_looks_only_for_ended_workers_each_second(runner):
     runner, clock = runner
     assert ran(runner, clock) == EVERY_DUTY  # the first pass of a holder runs everything
     for _ in range(4):
         clock.advance(1_000)
-        assert ran(runner, clock) == set()  # no schedule to fire, no workflow whose count could be missed
+        # No schedule to fire, no workflow whose count could be missed: only the look for ended
+        # workers, whose running jobs are taken over within a second.
+        assert ran(runner, clock) == {"stale-workers"}
     clock.advance(1_000)  # 5 s after the first pass
     assert ran(runner, clock) == {"settle", "stale-workers"}
     clock.set(START + 60_000)  # a tenth of an hour is past the one-minute bound: a minute
@@ -63,7 +66,7 @@ def test_cron_runs_each_second_once_a_schedule_is_declared(runner, settings):
     assert "cron" in ran(runner, clock)
     for _ in range(3):
         clock.advance(1_000)
-        assert ran(runner, clock) == {"cron"}
+        assert ran(runner, clock) == {"cron", "stale-workers"}
 
 
 @pytest.mark.django_db
@@ -76,17 +79,15 @@ def test_the_settle_sweep_runs_each_second_while_a_workflow_is_in_flight(runner)
     assert ran(runner, clock) == EVERY_DUTY
     for _ in range(3):
         clock.advance(1_000)
-        assert ran(runner, clock) == {"settle"}  # a count missed now would wait a second at most
+        assert ran(runner, clock) == {"settle", "stale-workers"}  # a count missed now would wait a second at most
     Dependency.objects.update(settled=True)  # the workflow's ends are all counted
     clock.advance(1_000)
-    assert ran(runner, clock) == {"settle"}
-    clock.advance(1_000)
-    assert ran(runner, clock) == {"stale-workers"}  # at its own pace; the sweep now waits five seconds
-    for _ in range(3):
+    assert ran(runner, clock) == {"settle", "stale-workers"}
+    for _ in range(4):
         clock.advance(1_000)
-        assert ran(runner, clock) == set()
+        assert ran(runner, clock) == {"stale-workers"}  # the sweep now waits five seconds
     clock.advance(1_000)
-    assert ran(runner, clock) == {"settle"}  # five seconds after it found none in flight
+    assert ran(runner, clock) == {"settle", "stale-workers"}  # five seconds after it found none in flight
 
 
 class Leading:
@@ -109,9 +110,9 @@ def test_a_leader_by_lock_sleeps_until_the_next_pass_that_runs_a_duty(runner):
     assert runner._until_next_pass_s() == 1.0  # not leading yet: the next pass on the grid
     runner.runtime.presence = Leading()
     assert runner.run_once(clock.now_ms()) is not None
-    assert runner._until_next_pass_s() == 5.0  # settle and stale-workers, 5 s on
-    clock.advance(2_300)
-    assert runner._until_next_pass_s() == 2.7
+    assert runner._until_next_pass_s() == 1.0  # the look for ended workers, each second
+    clock.advance(300)
+    assert runner._until_next_pass_s() == 0.7
     runner.runtime.presence = None  # a holder of the lease row renews it each pass
     assert runner._until_next_pass_s() == 0.7
 
