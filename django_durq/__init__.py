@@ -6,12 +6,13 @@ Public API: ``job`` (decorator), ``Limit``, ``Workflow``, ``enqueue``, ``schedul
 
 from typing import TYPE_CHECKING, Any
 
-from .context import JobContext
+from .db import exclusivity as database_exclusivity
 from .enqueue import enqueue
+from .enqueue.workflows import Workflow, WorkflowError
 from .exceptions import Abort, DurqError, InvalidPayload, LeaseLost, Retry, UnknownJobType
-from .limits import Limit
-from .registry import JobDefinition, job
-from .workflows import Workflow, WorkflowError
+from .handlers.context import JobContext
+from .handlers.limits import Limit
+from .handlers.registry import JobDefinition, job
 
 if TYPE_CHECKING:
     from .schedules import ScheduleSpec
@@ -39,8 +40,6 @@ __all__ = [
 
 def exclusivity(alias: str | None = None) -> str:
     """Which claimers the queue's database keeps apart, in plain words."""
-    from .db import exclusivity as database_exclusivity
-
     return database_exclusivity(alias)
 
 
@@ -56,6 +55,6 @@ def schedule(
     timezone: str = "UTC",
 ) -> "ScheduleSpec":
     """Run ``job`` at each due time of ``cron`` in ``timezone``, on exactly one worker (docs/cron.md)."""
-    from .schedules import schedule as declare
+    from .schedules import schedule as declare  # app loading: schedules import models
 
     return declare(name, cron, job, kwargs=kwargs, queue=queue, priority=priority, missed=missed, timezone=timezone)

@@ -4,7 +4,10 @@ from django.apps import AppConfig
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
+from .clock import set_default_clock
 from .conf import get_settings
+from .db.clock import database_clock
+from .tasks.bridge import autodiscover_tasks
 
 
 class DurqConfig(AppConfig):
@@ -13,7 +16,10 @@ class DurqConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import checks  # noqa: F401 - registers the system checks; app loading: checks import models
+
+        # The queue's timeline is the database server's clock (clock.py cannot import the dialects).
+        set_default_clock(database_clock)
 
         # Import every installed app's jobs.py, and the modules DURQ["MODULES"] lists, so that
         # @job handlers are registered in every process: a worker runs only what it registered.
@@ -27,6 +33,5 @@ class DurqConfig(AppConfig):
                 raise ImproperlyConfigured(f'DURQ["MODULES"] lists {path!r}, which cannot be imported: {error}') from error
 
         # With a DurqBackend in TASKS, import tasks.py too: Django @task functions register there.
-        from .tasks_bridge import autodiscover_tasks
 
         autodiscover_tasks()

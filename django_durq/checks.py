@@ -42,8 +42,9 @@ from django.db import DatabaseError, connections
 from .conf import DEFAULT_QUEUE, get_settings
 from .db import dialect_for
 from .db.checks import database_check_problems, listen_problems, pooler_problems, prepares_statements, sqlite_setup_warnings
+from .handlers.registry import registry
 from .ops.job_types import unhandled_types
-from .registry import registry
+from .schedules import schedule_problems
 from .worker.runtime import connections_needed
 
 
@@ -231,6 +232,4 @@ def check_queued_types(app_configs: Any = None, databases: Any = None, **kwargs:
 
 @register("django_durq")
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .schedules import schedule_problems
-
     return [Error(p.message, hint=p.hint, id=p.id) for p in schedule_problems()]

@@ -7,7 +7,8 @@ Lease expiry, due times and cron compare times written by different hosts, so on
 and MariaDB every process reads the *database server's* clock: :class:`ServerClock` measures
 it once in a while and counts forward on this host's monotonic clock, so neither a host whose
 wall clock is off nor a step of that clock (NTP) moves the queue's timeline. SQLite is used on
-one host only, whose clock all processes share.
+one host only, whose clock all processes share. Reading the server needs the dialects:
+:func:`~django_durq.db.clock.database_clock` does, and ``apps.py`` hands it in as the default.
 """
 
 from __future__ import annotations
@@ -137,23 +138,10 @@ class CappedClock:
         return min(self.base.now_ms(), self.until_ms)
 
 
-def database_clock(alias: str | None = None, base: Clock | None = None, refresh_s: float = 30.0) -> Clock:
-    """A :class:`ServerClock` reading the queue's database (``DURQ["DATABASE"]`` by default).
-
-    On SQLite, whose processes share one host's clock, that clock itself.
-    """
-    from django.db import connections
-
-    from .conf import get_settings
-    from .db.checks import database_now_ms
-
-    connection = connections[alias or get_settings().database]
-    if connection.vendor == "sqlite":
-        return base or SystemClock()
-    return ServerClock(lambda: database_now_ms(connections[connection.alias]), base=base, refresh_s=refresh_s)
-
-
 _current: Clock | None = None
+# What the process-wide clock is unless set: the database's timeline (``db/clock.py``), handed in by
+# ``apps.py`` once Django's apps are loaded, since reading it needs the dialects, a layer above.
+_default: Callable[[], Clock] | None = None
 
 
 def now_ms() -> int:
@@ -164,8 +152,16 @@ def get_clock() -> Clock:
     """The process-wide clock: the database's timeline unless a test or an embedder set another."""
     global _current
     if _current is None:
-        _current = database_clock()
+        if _default is None:
+            return SystemClock()  # before app loading handed the database's timeline in; not kept
+        _current = _default()
     return _current
+
+
+def set_default_clock(make: Callable[[], Clock]) -> None:
+    """Make ``make()`` the process-wide clock whenever none is set (``apps.py``: the database's)."""
+    global _default
+    _default = make
 
 
 def set_clock(clock: Clock | None) -> None:

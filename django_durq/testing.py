@@ -14,11 +14,11 @@ from functools import partial
 
 from .clock import Clock, get_clock
 from .conf import get_settings
-from .context import JobContext
 from .db import places
-from .executor import Executor
+from .db.store import Store
+from .execution.executor import Executor
+from .handlers.context import JobContext
 from .models import Job
-from .store import Store
 
 
 def drain(queue: str | None = None, clock: Clock | None = None, max_jobs: int = 100_000) -> Counter[str]:

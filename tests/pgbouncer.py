@@ -1,7 +1,7 @@
 """A PgBouncer of the tests' own (Debian's ``pgbouncer``), in transaction mode, on a free port.
 
 Started with fewer server connections than a worker opens, so that transactions really do move
-between server connections. ``tests/test_pgbouncer.py`` starts one per module; the PgBouncer CI
+between server connections. ``tests/db/test_pgbouncer.py`` starts one per module; the PgBouncer CI
 leg (``DURQ_TEST_THROUGH_PGBOUNCER=1``) one per test session, and every worker the tests spawn
 reaches the queue through it (``tests/conftest.py``, ``worker_env``).
 

@@ -92,7 +92,7 @@ elif DB == "postgres":
         }
     }
     if os.environ.get("DURQ_TEST_PGBOUNCER_PORT"):
-        # The queue goes through PgBouncer in transaction mode (tests/test_pgbouncer.py), which
+        # The queue goes through PgBouncer in transaction mode (tests/db/test_pgbouncer.py), which
         # cannot carry prepared statements or server-side cursors; "direct" reaches the server.
         DATABASES["direct"] = dict(DATABASES["default"])
         DATABASES["default"] = {
@@ -123,7 +123,7 @@ DURQ = {
         "default": {"concurrency": 4},
         "fast": {"concurrency": 2},
         "slow": {"concurrency": 1},
-        # Flow control across every worker (tests/test_limits.py).
+        # Flow control across every worker (tests/db/test_flow.py).
         "video": {"concurrency": 4, "max_running": 3},
         "webhooks": {"concurrency": 4, "rate": "10/s"},
     },
@@ -160,10 +160,10 @@ BUILT_IN_TASKS = importlib.util.find_spec("django.tasks") is not None
 if BUILT_IN_TASKS or importlib.util.find_spec("django_tasks"):
     if not BUILT_IN_TASKS:
         INSTALLED_APPS.append("django_tasks")  # the backport is an app: its checks and signals
-    TASKS = {"default": {"BACKEND": "django_durq.backend.DurqBackend", "QUEUES": ["default", "fast", "slow"]}}
+    TASKS = {"default": {"BACKEND": "django_durq.tasks.backend.DurqBackend", "QUEUES": ["default", "fast", "slow"]}}
     # The suite deletes finished jobs unless asked (DURQ_TEST_KEEP_FINISHED), so most tests also
     # cover that path; the product keeps them by default (an hour, a day with this backend), which
-    # the fault catalogue's workers and test_history.py run with. An explicit 0 is durq.E101.
+    # the fault catalogue's workers and ops/test_history.py run with. An explicit 0 is durq.E101.
     if KEEP_FINISHED != "default":
         DURQ.setdefault("KEEP_FINISHED", 0)
     SILENCED_SYSTEM_CHECKS = ["durq.E101"]

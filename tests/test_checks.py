@@ -11,10 +11,11 @@ from django.core.checks import run_checks
 from django.db import connection
 
 from django_durq import job
-from django_durq.clock import ShiftedClock, SystemClock, database_clock
+from django_durq.clock import ShiftedClock, SystemClock
 from django_durq.conf import get_settings, parse
 from django_durq.db.checks import sqlite_setup_warnings
-from django_durq.registry import registry
+from django_durq.db.clock import database_clock
+from django_durq.handlers.registry import registry
 from tests.conftest import database_alias, db_vendor, run_command
 
 

@@ -14,11 +14,11 @@ from django.test.utils import CaptureQueriesContext
 from django_durq import InvalidPayload, UnknownJobType, enqueue, exclusivity, job
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
-from django_durq.context import JobContext
-from django_durq.executor import Executor
+from django_durq.db.store import Store
+from django_durq.execution.executor import Executor
+from django_durq.handlers.context import JobContext
+from django_durq.handlers.registry import registry
 from django_durq.models import Job, Status
-from django_durq.registry import registry
-from django_durq.store import Store
 from django_durq.testing import drain
 from tests.conftest import db_vendor
 from tests.ledger import jobs
@@ -365,7 +365,7 @@ def test_unknown_job_type_is_handed_back_uncounted_then_runs_once_its_handler_ap
 
 
 def test_a_type_that_stays_unknown_waits_longer_each_time_and_is_a_dead_letter_after_an_hour(clock):
-    from django_durq.unknown_types import UNKNOWN_TYPE_LIMIT_MS
+    from django_durq.execution.unknown_types import UNKNOWN_TYPE_LIMIT_MS
 
     pk = insert_raw("tests.gone", max_attempts=3, now=clock.now_ms())
     first = clock.now_ms()
@@ -390,7 +390,7 @@ def test_a_type_that_stays_unknown_waits_longer_each_time_and_is_a_dead_letter_a
 
 
 def test_a_dotted_path_in_the_database_is_never_imported(clock, tmp_path):
-    from django_durq.unknown_types import UNKNOWN_TYPE_LIMIT_MS
+    from django_durq.execution.unknown_types import UNKNOWN_TYPE_LIMIT_MS
 
     target = tmp_path / "pwned"
     arguments = json.dumps({"args": [f"touch {target}"], "kwargs": {}})
@@ -655,7 +655,7 @@ def test_rollback_leaves_no_job():
 
 @transactional
 def test_wake_up_happens_on_commit_not_before():
-    from django_durq import wakeup
+    from django_durq.db import wakeup
 
     calls: list[bool] = []
     wakeup.subscribe("default", calls.append)

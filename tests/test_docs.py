@@ -49,8 +49,8 @@ from django_durq.db.checks import sqlite_setup_warnings
 from django_durq.db.mysql import MySQLDialect
 from django_durq.db.postgresql import PostgreSQLDialect
 from django_durq.db.sqlite import SQLiteDialect
+from django_durq.handlers.registry import registry
 from django_durq.management.commands.durq_worker import parse_queue_spec
-from django_durq.registry import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -34,7 +34,7 @@ def main(out: Path, release_file: Path, seconds: float, rate: float, seed: int) 
     from django.db import DatabaseError, connections
 
     from benchmarks.day import jobs
-    from django_durq.registry import registry
+    from django_durq.handlers.registry import registry
 
     rng = random.Random(seed)
     per_batch = max(1, round(rate * BATCH_S))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..conf import get_settings
 from .base import ClaimedJob, Dialect, Lease, Renewal
 
 __all__ = ["ClaimedJob", "Dialect", "Lease", "Renewal", "dialect_for", "exclusivity"]
@@ -25,15 +26,15 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
 
 def _load(connection: BaseDatabaseWrapper) -> type[Dialect]:
     if connection.vendor == "sqlite":
-        from .sqlite import SQLiteDialect
+        from .sqlite import SQLiteDialect  # optional: only the vendor in use is loaded
 
         return SQLiteDialect
     if connection.vendor == "postgresql":
-        from .postgresql import PostgreSQLDialect
+        from .postgresql import PostgreSQLDialect  # optional: only the vendor in use is loaded
 
         return PostgreSQLDialect
     if connection.vendor == "mysql":
-        from .mysql import MySQLDialect
+        from .mysql import MySQLDialect  # optional: only the vendor in use is loaded
 
         return MySQLDialect
     raise NotImplementedError(f"django-durq supports SQLite, PostgreSQL and MariaDB; {connection.alias!r} is {connection.vendor}")
@@ -46,7 +47,5 @@ def exclusivity(alias: str | None = None) -> str:
     ``"any number of hosts"`` on PostgreSQL and MariaDB.
     """
     if alias is None:
-        from ..conf import get_settings
-
         alias = get_settings().database
     return dialect_for(connections[alias]).exclusivity

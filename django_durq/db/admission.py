@@ -27,7 +27,7 @@ from .base import JOB
 from .starts import ScopeLog, key_scope, queue_scope
 
 if TYPE_CHECKING:
-    from ..limits import QueueLimits
+    from ..handlers.limits import QueueLimits
     from .base import Dialect
 
 # How many rounds of candidates one claim reads at most while skipping jobs it may not start.

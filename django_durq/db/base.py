@@ -22,7 +22,7 @@ from . import places
 
 if TYPE_CHECKING:
     from ..clock import Clock
-    from ..limits import QueueLimits
+    from ..handlers.limits import QueueLimits
     from .flow import Outlook
 
 JOB = "durq_job"
@@ -361,7 +361,7 @@ class Dialect:
         """
         if limits is None:
             return self.claim(queue, limit, now_ms, worker_id)
-        from .flow import claim_limited
+        from .flow import claim_limited  # cycle: flow.py builds on base.py; goes with base.py's split
 
         return claim_limited(self, queue, limit, now_ms, worker_id, limits, clock, outlook)
 

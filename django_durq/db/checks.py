@@ -62,7 +62,7 @@ def database_check_problems(connection: BaseDatabaseWrapper, *, for_worker: bool
 
 def listen_problems(queue: BaseDatabaseWrapper, listen: BaseDatabaseWrapper) -> list[Problem]:
     """Why workers would not hear the queue's NOTIFY on ``listen`` (``DURQ["LISTEN_DATABASE"]``); empty when they do."""
-    from .postgresql import PROBE_WAIT_S, hears_notifications
+    from .postgresql import PROBE_WAIT_S, hears_notifications  # optional: only the vendor in use is loaded
 
     poll_only = "idle workers would find new jobs only at their poll interval"
     hint = f'Point DURQ["LISTEN_DATABASE"] at the server and database of {queue.alias!r} directly, not through the pooler.'
@@ -89,7 +89,7 @@ def pooler_problems(queue: BaseDatabaseWrapper, session: BaseDatabaseWrapper) ->
     Asks the server (``pooler.lends_sessions``), as every worker does when it starts: a worker
     keeps no session state on such a connection, and works all the same, polling.
     """
-    from .pooler import lends_sessions
+    from .pooler import lends_sessions  # optional: PostgreSQL's probe, loaded only where it runs
 
     where = f"database {session.alias!r}" if session.alias == queue.alias else f'DURQ["LISTEN_DATABASE"] {session.alias!r}'
     without = (

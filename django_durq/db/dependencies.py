@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from .. import wakeup
+from . import wakeup
 from .base import JOB
 
 if TYPE_CHECKING:

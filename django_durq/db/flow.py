@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from .. import hooks
+from ..conf import hooks
 from . import gates, places
 from .admission import Admission
 from .base import JOB, ClaimedJob
 
 if TYPE_CHECKING:
     from ..clock import Clock
-    from ..limits import QueueLimits
+    from ..handlers.limits import QueueLimits
     from .base import Dialect
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import wakeup
+from . import wakeup
 from .base import JOB
 from .dependencies import EDGES, FAILED, cancel_dependent, chunks, lock_jobs, marks, settle
 

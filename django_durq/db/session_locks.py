@@ -2,7 +2,7 @@
 
 PostgreSQL's advisory locks and MariaDB's named locks (``GET_LOCK``) belong to the session that
 took them: a worker's process that is killed, crashes or loses its host closes its connection,
-and the server frees its locks at once. ``presence.py`` uses them to tell live workers from
+and the server frees its locks at once. ``db/presence.py`` uses them to tell live workers from
 ended ones, and to pick the one that runs the maintenance duties, without writing a row.
 
 A session that falls silent (a paused or partitioned process) is ended by the server once it has

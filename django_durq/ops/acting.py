@@ -14,12 +14,11 @@ from functools import partial
 from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 
-from .. import wakeup
-from ..db import dialect_for
+from ..db import dialect_for, wakeup
 from ..db.dependencies import settle
 from ..db.revival import revive
+from ..db.store import Store
 from ..models import Job, JobQuerySet, Status
-from ..store import Store
 from .reading import alias_of, jobs_on, now_or
 
 BATCH = 500

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.db.models import Count
 
+from ..handlers.registry import registry
 from ..models import Status
-from ..registry import registry
 from .reading import alias_of, jobs_on
 
 

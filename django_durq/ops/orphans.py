@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import presence
 from ..clock import ms_to_datetime
+from ..db import presence
+from ..db.presence import Liveness
 from ..models import WorkerProcess
-from ..presence import Liveness
 from .reading import alias_of, jobs_on
 
 # The most orphaned jobs the health view lists.

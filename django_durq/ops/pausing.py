@@ -14,10 +14,10 @@ from functools import partial
 
 from django.db import IntegrityError, transaction
 
-from .. import wakeup
+from ..db import wakeup
+from ..db.store import Store
+from ..handlers.options import check_queue
 from ..models import QueueControl
-from ..options import check_queue
-from ..store import Store
 from .reading import alias_of, now_or
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import cast
 
-from .. import presence
 from ..clock import now_ms as clock_now_ms
 from ..conf import get_settings
+from ..db import presence
+from ..db.presence import Liveness
+from ..db.store import Store
+from ..handlers.registry import registry
 from ..models import Job, JobQuerySet, QueueControl, Status, WorkerProcess
-from ..presence import Liveness
-from ..registry import registry
-from ..store import Store
 
 # A worker counts as live while its row was refreshed within this many heartbeat intervals.
 LIVE_HEARTBEATS = 3

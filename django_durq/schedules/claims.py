@@ -26,8 +26,8 @@ from django.db import DatabaseError, IntegrityError, transaction
 from ..clock import ms_to_datetime
 from ..conf import get_settings
 from ..cron import next_due_ms
+from ..handlers.registry import registry
 from ..models import Schedule
-from ..registry import registry
 from .declarations import ScheduleSpec, schedules
 
 logger = logging.getLogger("django_durq")

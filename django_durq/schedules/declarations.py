@@ -15,8 +15,8 @@ from .. import clock
 from ..conf import Problem, get_settings
 from ..cron import CronError, fields, next_due_ms, zone
 from ..exceptions import DurqError, InvalidPayload
-from ..payload import encode_arguments
-from ..registry import JobDefinition, registry
+from ..handlers.payload import encode_arguments
+from ..handlers.registry import JobDefinition, registry
 
 MISSED_POLICIES = ("collapse", "skip", "all")
 SETTINGS_KEYS = {"cron", "job", "kwargs", "queue", "priority", "missed", "timezone"}

@@ -9,8 +9,8 @@ from .. import clock
 from ..clock import ms_to_datetime
 from ..conf import get_settings
 from ..cron import CronError, next_due_ms, zone
+from ..handlers.registry import registry
 from ..models import Job, Schedule
-from ..registry import registry
 from .declarations import UnknownSchedule, collect, find, spec_problems
 
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..clock import CappedClock, Clock
-from ..context import JobContext
 from ..db import ClaimedJob, Lease
+from ..handlers.context import JobContext
 
 if TYPE_CHECKING:
     from .pool import Pool

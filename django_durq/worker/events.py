@@ -21,7 +21,7 @@ from typing import Any
 from django.db import close_old_connections, connections
 from django.dispatch import Signal
 
-from .. import hooks
+from ..conf import hooks
 from ..signals import send
 
 logger = logging.getLogger("django_durq")

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..db.flow import Outlook, has_limited_jobs, next_start
-from ..limits import QueueLimits
+from ..handlers.limits import QueueLimits
 
 if TYPE_CHECKING:
     from .runtime import Runtime

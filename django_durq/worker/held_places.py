@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from .. import wakeup
-from ..db import Lease, dialect_for, places
+from ..db import Lease, dialect_for, places, wakeup
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..db.store import Store
 
 logger = logging.getLogger("django_durq")
 

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from .. import hooks, wakeup
 from ..clock import ServerClock
+from ..conf import hooks
+from ..db import wakeup
 from .attempt import RUNNING
 
 if TYPE_CHECKING:

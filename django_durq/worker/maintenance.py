@@ -1,7 +1,7 @@
 """Maintenance duties (cron, pruning, stale worker rows), run by one worker per database at a time.
 
 A duty is a small object with ``name``, ``every_ms`` and ``run_once(now_ms) -> dict of counts``.
-The leader is whoever holds the leader's presence lock (``presence.py``): a file lock on SQLite,
+The leader is whoever holds the leader's presence lock (``db/presence.py``): a file lock on SQLite,
 a session lock on PostgreSQL and MariaDB. Nothing is renewed, and a dead leader's lock is free
 the moment its process ends. A worker that holds no presence lock competes for one
 ``DutyLease`` row by compare-and-set instead; the holder renews it each pass, and if it dies
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Q
 
-from .. import presence
+from ..db import presence
+from ..db.presence import Liveness
 from ..models import DutyLease, WorkerProcess
-from ..presence import Liveness
 from .held_places import free_ended_places
 from .takeover import Takeover
 

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
-from .. import hooks, wakeup
-from ..context import JobContext
-from ..db import ClaimedJob, Dialect, Lease, places
-from ..executor import ABANDONED, DEAD, Completion, Executor
+from ..conf import hooks
+from ..db import ClaimedJob, Dialect, Lease, places, wakeup
+from ..execution.executor import ABANDONED, DEAD, Completion, Executor
+from ..handlers.context import JobContext
 from .attempt import FINISHING, RUNNING, Attempt
 from .flow_gate import FlowGate
 from .held_places import HeldPlaces

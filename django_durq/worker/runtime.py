@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from ..clock import Clock
 from ..conf import DurqSettings
-from ..executor import DEAD, FINISHED, RETRYING, UNKNOWN_TYPE
-from ..presence import WorkerPresence
-from ..store import Store
+from ..db.presence import WorkerPresence
+from ..db.store import Store
+from ..execution.executor import DEAD, FINISHED, RETRYING, UNKNOWN_TYPE
 from . import exit_status
 from .attempt import AttemptBook
 from .events import Events

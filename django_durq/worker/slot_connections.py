@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..executor import reclaim_connection
+from ..execution.executor import reclaim_connection
 
 
 class SlotConnections:

@@ -22,11 +22,10 @@ from types import FrameType
 
 from django.db import connections
 
-from .. import presence
 from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
-from ..db import dialect_for, pooler
-from ..executor import RELEASED, error_list
+from ..db import dialect_for, pooler, presence
+from ..execution.executor import RELEASED, error_list
 from ..models import WorkerProcess
 from . import exit_status
 from .keeper import LeaseKeeper

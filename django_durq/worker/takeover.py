@@ -1,6 +1,6 @@
 """Taking over the running jobs of a worker that has ended, a moment after it ends rather than a lease later.
 
-A worker's presence lock (``presence.py``) is freed by the kernel or the database server the
+A worker's presence lock (``db/presence.py``) is freed by the kernel or the database server the
 moment its process ends (``kill -9``, the out-of-memory killer, a crashed host whose connection
 was reset) and, on PostgreSQL and MariaDB, the moment its database session ends. The maintenance
 leader looks every second (``StaleWorkers``) and hands the running jobs of such a worker here:
@@ -10,7 +10,7 @@ out. An operator's cancel ends the job cancelled instead.
 
 The rows are locked, then the worker's lock is looked at again, then they are written, all in
 one transaction: a worker that took its lock back meanwhile keeps its jobs, and one whose
-renewal comes after the takeover finds its lease gone (``context.py``: a worker that loses its
+renewal comes after the takeover finds its lease gone (``handlers/context.py``: a worker that loses its
 own session tells its handlers to stop, so a takeover never runs beside a handler that has not
 been told).
 
@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from .. import presence, wakeup
-from ..db import Dialect
+from ..db import Dialect, presence, wakeup
 from ..db.dependencies import settle
+from ..db.presence import Liveness
 from ..db.takeover import Orphan, lock_orphans, running_of, take_over
-from ..executor import DEAD, RETRYING, Executor, jobs_log
-from ..presence import Liveness
+from ..execution.executor import DEAD, RETRYING, Executor, jobs_log
 from ..signals import job_dead
 
 if TYPE_CHECKING:

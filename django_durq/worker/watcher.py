@@ -8,7 +8,7 @@ would lend the session holding the LISTEN to other clients (the supervisor asks,
 poll interval. At stop, a byte on a socket pair ends the wait on the LISTEN connection at once.
 
 SQLite, and MariaDB for enqueues on the worker's own host: the watcher waits on the process's
-bell (``doorbell.py``), which an enqueue rings after its commit; a ring this process has no free
+bell (``db/doorbell.py``), which an enqueue rings after its commit; a ring this process has no free
 slot for is passed on to another worker. Where no bell can be bound it falls back to polling.
 
 With a bell, a SQLite watcher reads nothing: every process that writes to the file runs on its
@@ -39,13 +39,12 @@ from typing import Any
 
 from django.db import connections
 
-from .. import wakeup
 from ..clock import now_ms
-from ..db import dialect_for
+from ..db import dialect_for, wakeup
 from ..db.base import own_connection
+from ..db.doorbell import Bell
 from ..db.mysql import NEWEST_JOB, watcher_look
 from ..db.postgresql import NOTIFY_CHANNEL
-from ..doorbell import Bell
 
 logger = logging.getLogger("django_durq")
 

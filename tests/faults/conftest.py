@@ -51,7 +51,7 @@ def only_on(*vendors: str) -> pytest.MarkDecorator:
 
 
 class Gates:
-    """The files of ``django_durq.hooks``: close a gate to hold workers there, open it to let them go."""
+    """The files of ``django_durq.conf.hooks``: close a gate to hold workers there, open it to let them go."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

@@ -103,7 +103,7 @@ def test_t30_t31_rows_left_by_raw_sql_fail_their_attempt_and_the_worker_survives
 
 @transactional
 def test_t31_unknown_type_is_handed_back_uncounted_then_dead_after_the_limit_and_others_run():
-    from django_durq.unknown_types import UNKNOWN_TYPE_LIMIT_MS, delay_ms
+    from django_durq.execution.unknown_types import UNKNOWN_TYPE_LIMIT_MS, delay_ms
 
     clock = ManualClock(start_ms=1_800_000_000_000)
     with use_clock(clock):

@@ -1,6 +1,6 @@
 """Timing chaos: real workers stalled at random at every race point, and the invariants still hold.
 
-Workers run with ``DURQ_TEST_CHAOS`` (see ``django_durq.hooks.jitter``): at the claim, the
+Workers run with ``DURQ_TEST_CHAOS`` (see ``django_durq.conf.hooks.jitter``): at the claim, the
 renewal, the dispatcher, the completion, the hand-back, the bury, the timeout reap, the outcome
 and each signal receiver, a thread sleeps up to 150 ms three times in ten, and every job_dead and
 job_finished receiver takes 50 ms more. No worker is killed or frozen, so:

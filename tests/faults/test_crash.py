@@ -126,7 +126,11 @@ def test_t11_poison_pill_that_kills_its_worker_becomes_a_dead_letter(faults, mod
     assert worker.popen.poll() is None, "the pool is alive at the end"
     assert Effect.objects.filter(job_id=poison.pk).count() == 3  # each crash came after its effect
     verdict = checker.check({poison.pk} | {row.pk for row in normal})
-    assert verdict.ok and verdict.duplicated == [poison.pk] and verdict.dead == [poison.pk], verdict
+    # A normal job whose completion was still waiting to be committed when the poison pill killed
+    # the process runs again, its first attempt recorded as lost (explained: verdict.ok): at most
+    # one per crash, with one slot.
+    assert verdict.ok and verdict.dead == [poison.pk], verdict
+    assert poison.pk in verdict.duplicated and len(verdict.duplicated) <= 1 + len(exits), verdict
     assert re.search(r"on its last attempt.* -> dead letter", worker.output())
 
 

@@ -26,10 +26,10 @@ from django.db import connection
 from django_durq import ops
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
-from django_durq.context import JobContext
-from django_durq.executor import Executor
+from django_durq.db.store import Store
+from django_durq.execution.executor import Executor
+from django_durq.handlers.context import JobContext
 from django_durq.models import Job, QueueStat
-from django_durq.store import Store
 from django_durq.testing import drain
 from tests.conftest import wait_until
 from tests.faults.conftest import POLL_S, one_leg, only_on, sqlite_path

@@ -23,8 +23,8 @@ from django.db import connection, connections, transaction
 
 from django_durq.clock import ManualClock, now_ms, use_clock
 from django_durq.db.checks import database_now_ms
+from django_durq.db.store import Store
 from django_durq.models import Job
-from django_durq.store import Store
 from tests.conftest import wait_until
 from tests.faults.conftest import LEASE_S, one_leg, only_on, sqlite_path
 from tests.ledger import jobs

@@ -104,7 +104,7 @@ def test_each_enqueue_wakes_one_idle_worker_and_a_busy_one_passes_it_on(faults):
 @only_on("sqlite")  # MariaDB's watchers also read new ids: every idle worker there finds the job by itself
 def test_a_ring_that_comes_while_the_worker_claims_enough_to_fill_it_goes_on_to_an_idle_worker(faults, monkeypatch):
     """A ring taken during a claim is a promise to claim that job: a pool the claim fills passes it on."""
-    from django_durq import doorbell
+    from django_durq.db import doorbell
 
     first = faults.spawn_ready("--queue", "default:1", "--verbosity", "2", hooks=True, env=SLOW_POLL)
     root = doorbell.directory("default")

@@ -226,7 +226,7 @@ def digest(ctx, text=""):
     record(ctx, hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
-# --- schedules of tests/test_cron.py: declared only in processes started with DURQ_TEST_CRON ------
+# --- schedules of tests/schedules/test_cron.py: declared only in processes started with DURQ_TEST_CRON ------
 
 if os.environ.get("DURQ_TEST_CRON") == "every-second":
     from django_durq import schedule
@@ -435,7 +435,7 @@ def summary(ctx, log=""):
     return counts
 
 
-# --- handlers of the flow-control race tests (tests/test_limit_races.py) ---------------------------
+# --- handlers of the flow-control race tests (tests/db/test_flow_races.py) ---------------------------
 
 
 @job(name="tests.key_mate", queue="fast", limit=Limit(max_running=1, key=lambda key, **_: key))

@@ -1,11 +1,11 @@
-"""Django @task functions used by tests/test_backend.py; discovered like any app's tasks.py."""
+"""Django @task functions used by tests/tasks/test_backend.py; discovered like any app's tasks.py."""
 
 import asyncio
 import os
 import time
 
-from django_durq.backend import durq_options
 from django_durq.clock import now_ms
+from django_durq.tasks.backend import durq_options
 
 from .models import Effect
 

@@ -19,7 +19,9 @@ from ... import ops
 from ...clock import now_ms
 from ...conf import get_settings
 from ...models import Job
+from ...schedules import format_schedules
 from .. import job_output
+from ..limits_cli import show_limits
 from ..workflow_commands import WorkflowCommands, add_workflow_parsers
 
 USAGE_ERROR = 2
@@ -134,13 +136,9 @@ class Command(WorkflowCommands, BaseCommand):
     # --- subcommands -------------------------------------------------------------------------------
 
     def do_limits(self, options: dict[str, Any]) -> None:
-        from ..limits_cli import show_limits
-
         show_limits(self, options)
 
     def do_schedules(self, options: dict[str, Any]) -> None:
-        from ...schedules import format_schedules
-
         self.stdout.write(format_schedules(now_ms()))
 
     def do_stats(self, options: dict[str, Any]) -> None:

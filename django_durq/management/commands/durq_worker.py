@@ -20,8 +20,8 @@ from django.utils import autoreload
 
 from ...conf import get_settings
 from ...db.checks import database_problems
+from ...handlers.registry import registry
 from ...models import Job
-from ...registry import registry
 from ...worker import Supervisor, exit_status
 from ...worker.runtime import Runtime
 
