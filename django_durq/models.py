@@ -8,7 +8,7 @@ for everything else (admin, ops, tests).
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from django.db import models
@@ -127,6 +127,8 @@ class Job(models.Model):
         output_field=models.CharField(max_length=255, null=True),
         db_persist=True,
     )
+    # A job no worker has started by then is ended cancelled, never run (see expiry in db/expiry.py).
+    expires_ms = models.BigIntegerField(null=True, blank=True, help_text="Not started by then: cancelled, never run.")
 
     objects: ClassVar[models.Manager[Job]] = JobQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -197,6 +199,16 @@ class Job(models.Model):
     @property
     def lease_expires_at(self) -> datetime | None:
         return ms_to_datetime(self.lease_expires_ms)
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return ms_to_datetime(self.expires_ms)
+
+    def wait(self, timeout: float | timedelta) -> Any:
+        """Wait up to ``timeout`` for this job to end; its return value (see ``django_durq.result``)."""
+        from .results import result  # results reads jobs through this model
+
+        return result(self, timeout=timeout)
 
 
 class DeadLetter(Job):

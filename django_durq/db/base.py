@@ -49,6 +49,7 @@ CLAIM_COLUMNS = (
     "handbacks",
     "dependents",
     "workflow_id",
+    "expires_ms",
 )
 
 
@@ -72,6 +73,7 @@ class ClaimedJob:
     handbacks: int = 0  # started attempts handed back uncounted so far
     dependents: int | None = None  # jobs waiting for this one (workflows.py); its end must be counted
     workflow_id: int | None = None
+    expires_ms: int | None = None  # not started by then: ended without running (executor, db/expiry.py)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:

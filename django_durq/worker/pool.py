@@ -37,7 +37,7 @@ from django.db import connections
 from .. import hooks, wakeup
 from ..context import JobContext
 from ..db import ClaimedJob, Dialect, Lease
-from ..executor import ABANDONED, DEAD, Completion, Executor
+from ..executor import ABANDONED, DEAD, Completion, Executor, log_extra
 from .attempt import FINISHING, RUNNING, Attempt
 from .flow_gate import FlowGate
 from .slot_connections import SlotConnections
@@ -428,6 +428,7 @@ class Pool:
                         "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
                         attempt.job.id,
                         attempt.job.name,
+                        extra=log_extra(attempt.job),
                     )
         finally:
             runtime.book.remove_many(completions)
@@ -510,7 +511,12 @@ class Pool:
             try:
                 outcome = self.executor.run(attempt.job, attempt.ctx)
             except BaseException:  # the database stayed down past every retry
-                logger.exception("durq: could not record the outcome of job %s; its lease will expire", attempt.job.id)
+                logger.exception(
+                    "durq: could not record the outcome of job %s (%s); its lease will expire",
+                    attempt.job.id,
+                    attempt.job.name,
+                    extra=log_extra(attempt.job),
+                )
             slot_connections.tidy()
             idle_since = time.monotonic()
             took = idle_since - started

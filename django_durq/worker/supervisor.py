@@ -26,7 +26,7 @@ from .. import presence
 from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
 from ..db import dialect_for
-from ..executor import RELEASED, error_list
+from ..executor import RELEASED, error_list, log_extra
 from ..models import WorkerProcess
 from .keeper import LeaseKeeper
 from .main_bell import MainBell
@@ -202,7 +202,10 @@ class Supervisor:
                 try:
                     outcome = pool.executor.hand_back(attempt.job, ctx, error_list(attempt.job.errors))
                 except Exception:
-                    logger.exception("durq: could not hand back job %s; its lease will expire", attempt.job.id)
+                    job = attempt.job
+                    logger.exception(
+                        "durq: could not hand back job %s (%s); its lease will expire", job.id, job.name, extra=log_extra(job)
+                    )
                     continue
                 finally:
                     runtime.book.remove(attempt)
