@@ -69,9 +69,10 @@ class ExpiryDuty:
 
     A job a claim reaches is ended by the worker that claimed it; this sweep is for the jobs no
     claim reaches: a paused queue, a queue no worker serves, a limit that holds them back. It
-    looks again at the earliest expiry it knows of, and at least every ``QUIET_EVERY_MS``, so an
-    expired job waits at most that long after its expiry while any worker runs (within a pass,
-    a second, when its expiry was known at the previous look).
+    looks again at the earliest expiry it knows of, and at least every ``QUIET_EVERY_MS``, on the
+    maintenance passes' one-second grid: an expired job waits at most that plus a pass (six
+    seconds) after its expiry while a worker holds the duty, and at most a pass when its expiry
+    was known at the previous look.
     """
 
     name = "expiry"
