@@ -11,10 +11,10 @@
 | durq.E007 | DURQ["BACKOFF"] is malformed                                |
 | durq.E008 | DURQ["QUEUES"] is malformed                                 |
 | durq.E009 | the database cannot run the queue (too old, unsupported)    |
-| durq.E010 | a schedule's cron expression is bad or never comes due      |
+| durq.E010 | a schedule's cron expression or interval is bad, or missing   |
 | durq.E011 | a schedule's time zone is not an IANA time zone             |
 | durq.E012 | a schedule names a job that is not registered               |
-| durq.E013 | a schedule's options are malformed, or it is declared twice |
+| durq.E013 | a schedule's options or arguments are malformed, or it is declared twice |
 | durq.E015 | DURQ["MONITORING"] is malformed (a token shorter than 16 characters) |
 | durq.E016 | DURQ["MODULES"] is not a list of dotted module paths          |
 | durq.E017 | the queue database is MySQL, not MariaDB                      |

@@ -8,13 +8,22 @@ for everything else (admin, ops, tests).
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import Case, F, Q, When
 
 from .clock import ms_to_datetime
+
+# How ``Job.wait()`` reads a result: ``apps.ready()`` hands in ``enqueue.results.result`` (an
+# operation, which the vocabulary must not import).
+_result_reader: dict[str, Callable[..., Any]] = {}
+
+
+def hand_in_result_reader(read: Callable[..., Any]) -> None:
+    _result_reader["read"] = read
 
 
 class Status(models.TextChoices):
@@ -127,6 +136,8 @@ class Job(models.Model):
         output_field=models.CharField(max_length=255, null=True),
         db_persist=True,
     )
+    # A job no worker has started by then is ended cancelled, never run (see expiry in db/expiry.py).
+    expires_ms = models.BigIntegerField(null=True, blank=True, help_text="Not started by then: cancelled, never run.")
 
     objects: ClassVar[models.Manager[Job]] = JobQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -197,6 +208,14 @@ class Job(models.Model):
     @property
     def lease_expires_at(self) -> datetime | None:
         return ms_to_datetime(self.lease_expires_ms)
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return ms_to_datetime(self.expires_ms)
+
+    def wait(self, timeout: float | timedelta) -> Any:
+        """Wait up to ``timeout`` for this job to end; its return value (see ``django_durq.result``)."""
+        return _result_reader["read"](self, timeout=timeout)
 
 
 class DeadLetter(Job):

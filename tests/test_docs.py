@@ -5,9 +5,13 @@ How a sample is treated depends on its fence and its first line (``docs/README.m
 - ``python`` blocks run in page order, in one namespace per page, against the test database.
 
   - ``# settings.py`` first: a settings fragment, run in a namespace that starts like a small
-    settings module. The ``DURQ`` it defines must parse without a problem, its
-    ``DURQ["DATABASE"]`` and ``DURQ["LISTEN_DATABASE"]`` (unless None) must be in ``DATABASES``,
-    and each SQLite database it defines must draw no ``durq`` warning.
+    settings module whose ``DURQ`` is a project's (``EXISTING_DURQ``). Pasted into a settings
+    module, a fragment must add to that ``DURQ``, not replace it: every key it had is still
+    there afterwards (``DURQ["KEY"] = …``, ``DURQ.update(…)``, ``DURQ = {**DURQ, …}``).
+    ``# settings.py: the whole DURQ setting`` first: a complete setting, which may replace it.
+    Either way the ``DURQ`` must parse without a problem, its ``DURQ["DATABASE"]`` and
+    ``DURQ["LISTEN_DATABASE"]`` (unless None) must be in ``DATABASES``, and each SQLite
+    database it defines must draw no ``durq`` warning.
   - ``# app/module.py`` first: that module's code, importable as ``app.module`` by the page's
     later samples; a later block with the same first line continues the same module. Handlers it
     registers are removed after the page.
@@ -19,6 +23,10 @@ How a sample is treated depends on its fence and its first line (``docs/README.m
   package and extras it has; a ``$`` line of another program must be one of ``OTHER_PROGRAMS``.
   A block whose first line is ``# before: …`` shows another library's commands and is skipped.
 - Quoted system-check and worker output must match what the code prints.
+
+The repository's ``README.md`` is run like a page of ``docs/``. Beyond the samples: every
+``django_durq.…`` name the docs cite must exist, the README must link every page and name every
+command, and the Celery page must map every Celery feature a typical codebase uses.
 """
 
 from __future__ import annotations
@@ -54,7 +62,10 @@ from django_durq.management.commands.durq_worker import parse_queue_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PAGES = sorted(path for path in DOCS.rglob("*.md") if "_build" not in path.parts and path.name != "README.md")
+DOC_PAGES = sorted(path for path in DOCS.rglob("*.md") if "_build" not in path.parts and path.name != "README.md")
+README = ROOT / "README.md"
+# The repository's front page is a page like the others: its samples run and its commands parse.
+PAGES = [*DOC_PAGES, README]
 SIGNALS = [value for value in vars(durq_signals).values() if isinstance(value, Signal)]
 DIALECTS = {"sqlite": SQLiteDialect, "postgresql": PostgreSQLDialect, "mysql": MySQLDialect}
 # Programs that docs may show at a ``$`` prompt without this test running them.
@@ -127,7 +138,7 @@ def blocks(page: Path) -> Iterator[Block]:
 
 
 def page_id(page: Path) -> str:
-    return str(page.relative_to(DOCS))
+    return str(page.relative_to(DOCS)) if page.is_relative_to(DOCS) else str(page.relative_to(ROOT))
 
 
 # --- running the Python samples ----------------------------------------------------------------
@@ -145,10 +156,36 @@ SETTINGS_SEED = {
 }
 
 
+# The DURQ setting a project already has when a fragment is pasted into its settings module.
+EXISTING_DURQ = {"QUEUES": {"default": {"concurrency": 4}, "mail": {"concurrency": 2}}, "KEEP_DEAD": 2_592_000}
+WHOLE_SETTING = "# settings.py: the whole DURQ setting"
+
+
+def kept_keys(before: Any, after: Any, where: str = "DURQ") -> Iterator[str]:
+    """Keys of ``before`` (recursively, in dicts) that ``after`` no longer has."""
+    if not isinstance(before, dict):
+        return
+    if not isinstance(after, dict):
+        yield where
+        return
+    for key, value in before.items():
+        if key not in after:
+            yield f"{where}[{key!r}]"
+        else:
+            yield from kept_keys(value, after[key], f"{where}[{key!r}]")
+
+
 def run_settings(block: Block) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "settings", "BASE_DIR": Path("/srv/app")}
     namespace.update(json.loads(json.dumps(SETTINGS_SEED)))
+    namespace["DURQ"] = json.loads(json.dumps(EXISTING_DURQ))
     exec(block.compiled(), namespace)
+    if block.first_line != WHOLE_SETTING:
+        dropped = list(kept_keys(EXISTING_DURQ, namespace["DURQ"]))
+        assert not dropped, (
+            f"{block.where}: pasted into settings that have a DURQ, this sample drops {dropped}; add to the setting "
+            f'(DURQ["KEY"] = …, DURQ.update(…)), or mark a complete setting with the first line {WHOLE_SETTING!r}'
+        )
     if "DURQ" in namespace:
         problems = parse(namespace["DURQ"]).problems
         assert not problems, f"{block.where}: DURQ has problems: {problems}"
@@ -189,7 +226,7 @@ class PageRun:
         header = block.first_line
         if header.startswith("# before:"):
             block.compiled()
-        elif header == "# settings.py":
+        elif header in ("# settings.py", WHOLE_SETTING):
             run_settings(block)
         elif header == "# urls.py":
             run_urls(block)
@@ -236,6 +273,16 @@ def needs_database(block: Block) -> bool:
     return block.lang in ("python", "py") and not block.first_line.startswith(("# before:", "# settings.py"))
 
 
+def test_settings_fragments_keep_the_setting_they_are_pasted_into() -> None:
+    fragment = Block(README, 1, "python", '# settings.py\nDURQ = {"MONITORING": {"PUBLIC": True}}\n')
+    with pytest.raises(AssertionError, match=r"drops \[\"DURQ\['QUEUES'\]\", \"DURQ\['KEEP_DEAD'\]\"\]"):
+        run_settings(fragment)
+    merged = Block(README, 1, "python", '# settings.py\nDURQ["MONITORING"] = {"PUBLIC": True}\n')
+    assert run_settings(merged)["DURQ"]["QUEUES"] == EXISTING_DURQ["QUEUES"]
+    whole = Block(README, 1, "python", f'{WHOLE_SETTING}\nDURQ = {{"QUEUES": {{"video": {{"concurrency": 2}}}}}}\n')
+    assert run_settings(whole)["DURQ"] == {"QUEUES": {"video": {"concurrency": 2}}}
+
+
 def sample_pages() -> Iterator[Any]:
     """Pages as test parameters; those with samples that touch the database get a committed one
     (samples use ``transaction.on_commit``), the others none."""
@@ -248,6 +295,9 @@ def sample_pages() -> Iterator[Any]:
 
 @pytest.mark.parametrize("page", list(sample_pages()))
 def test_python_samples_run(page: Path, settings: Any) -> None:
+    # The samples run with the product's retention, as a reader's project does (the suite's
+    # settings delete finished jobs at once).
+    settings.DURQ = {key: value for key, value in settings.DURQ.items() if key != "KEEP_FINISHED"}
     run = PageRun(page)
     try:
         for block in blocks(page):
@@ -319,7 +369,7 @@ def other_blocks(pages: list[Path] = PAGES) -> Iterator[Block]:
 def page_database_aliases(page: Path) -> set[str]:
     aliases: set[str] = set()
     for block in blocks(page):
-        if block.lang in ("python", "py") and block.first_line == "# settings.py":
+        if block.lang in ("python", "py") and block.first_line in ("# settings.py", WHOLE_SETTING):
             aliases.update(run_settings(block)["DATABASES"])
     return aliases
 
@@ -438,3 +488,117 @@ def test_job_reference_covers_every_field() -> None:
     text = (DOCS / "reference" / "job.md").read_text()
     missing = [field.name for field in Job._meta.concrete_fields if f"`{field.name}`" not in text]
     assert not missing, f"docs/reference/job.md does not describe {missing}"
+
+
+# --- the docs name what the product has ----------------------------------------------------------------------
+
+
+def cited_names(text: str) -> set[str]:
+    """Every ``django_durq.…`` dotted name the text cites in backticks (a call's parentheses dropped)."""
+    return {match.group(1) for match in re.finditer(r"`(django_durq(?:\.\w+)+)(?:\(\)|\(…\))?`", text)}
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names an object; a deprecated path that still works counts (it warns)."""
+    import importlib
+    import warnings
+
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                found: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[split:]:
+                found = getattr(found, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def names_not_in_python() -> set[str]:
+    """Dotted names that are no Python object: the package's loggers and its models' permissions."""
+    from django.apps import apps
+
+    names: set[str] = set()
+    for source in (ROOT / "django_durq").rglob("*.py"):
+        names.update(re.findall(r"getLogger\(\"(django_durq[\w.]*)\"\)", source.read_text()))
+    for model in apps.get_app_config("django_durq").get_models():
+        names.update(f"django_durq.{action}_{model._meta.model_name}" for action in model._meta.default_permissions)
+    return names
+
+
+def test_every_django_durq_name_the_docs_cite_exists() -> None:
+    other = names_not_in_python()
+    missing = {
+        f"{page_id(page)}: {name}"
+        for page in PAGES
+        for name in cited_names(page.read_text())
+        if name not in other and not resolves(name)
+    }
+    assert not missing, f"the docs cite names the package does not have: {sorted(missing)}"
+
+
+def durq_subcommands() -> list[str]:
+    parser = load_command_class("django_durq", "durq").create_parser("manage.py", "durq")
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(action.choices)
+
+
+def test_the_readme_names_every_command_and_links_every_page() -> None:
+    text = README.read_text()
+    commands = [name for name in durq_commands() if name != "durq"] + [f"durq {sub}" for sub in durq_subcommands()]
+    unnamed = [command for command in commands if f"`{command}" not in text and f" {command}" not in text]
+    assert not unnamed, f"README.md does not name the commands {unnamed}"
+    unlinked = [str(page.relative_to(ROOT)) for page in DOC_PAGES if f"({page.relative_to(ROOT)})" not in text]
+    assert not unlinked, f"README.md does not link {unlinked}"
+
+
+# What a typical Celery codebase uses, as it is written there: each must be a row of the table in
+# docs/from-celery.md, which says what django-durq has instead, or that it has nothing.
+CELERY_FEATURES = [
+    "@shared_task",
+    "bind=True",
+    "delay(",
+    "countdown=",
+    "eta=",
+    "expires=",
+    "priority=",
+    "queue=",
+    "task_routes",
+    "max_retries",
+    "self.retry(",
+    "autoretry_for",
+    "acks_late",
+    "rate_limit",
+    "time_limit",
+    "soft_time_limit",
+    "chain(",
+    "group(",
+    "chord(",
+    "AsyncResult",
+    ".get(timeout=",
+    "revoke(",
+    "celery beat",
+    "crontab(",
+    "schedule=timedelta(",
+    "task_prerun",
+    "task_postrun",
+    "task_success",
+    "task_failure",
+    "worker_concurrency",
+    "--max-tasks-per-child",
+    "--max-memory-per-child",
+    "ignore_result",
+]
+
+
+def test_the_celery_page_maps_every_celery_feature() -> None:
+    text = (DOCS / "from-celery.md").read_text()
+    table = "\n".join(line.split("|")[1] for line in text.split("\n") if line.startswith("| ") and line.count("|") >= 3)
+    unmapped = [feature for feature in CELERY_FEATURES if feature not in table]
+    assert not unmapped, f"docs/from-celery.md has no row for {unmapped}"

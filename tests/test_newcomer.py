@@ -110,7 +110,7 @@ class Newcomer:
 
     def python_block(self, code: str) -> None:
         header = code.split("\n", 1)[0].strip()
-        if header == "# settings.py":
+        if header in ("# settings.py", "# settings.py: the whole DURQ setting"):
             settings = self.project / "mysite" / "settings.py"
             settings.write_text(settings.read_text() + "\n" + code)
         elif header.startswith("# ") and header.endswith(".py"):

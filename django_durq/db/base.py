@@ -52,6 +52,7 @@ CLAIM_COLUMNS = (
     "handbacks",
     "dependents",
     "workflow_id",
+    "expires_ms",
 )
 
 
@@ -75,10 +76,13 @@ class ClaimedJob:
     handbacks: int = 0  # started attempts handed back uncounted so far
     dependents: int | None = None  # jobs waiting for this one (workflows.py); its end must be counted
     workflow_id: int | None = None
-    placed: bool = False  # a limited claim took a place for it (db/places.py): its worker frees it
+    expires_ms: int | None = None  # not started by then: ended without running (executor, db/expiry.py)
+    # Not a column: set after the claim. A limited claim took a place for it (db/places.py): its worker frees it.
+    placed: bool = False
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
+        """By position: the fields follow ``CLAIM_COLUMNS`` in order (tests/db/test_claimed_job.py)."""
         return cls(*row)
 
 

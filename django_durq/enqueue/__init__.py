@@ -11,13 +11,14 @@ reaches the caller as an error.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import DEFERRED
 
-from ..clock import datetime_to_ms, now_ms, seconds_to_ms
+from ..clock import datetime_to_ms, ms_to_datetime, now_ms, seconds_to_ms
 from ..conf import DEFAULT_QUEUE, get_settings
 from ..db import dialect_for, wakeup
 from ..exceptions import InvalidPayload
@@ -132,6 +133,9 @@ def _values(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[s
     max_attempts = options.max_attempts or definition.max_attempts or settings.max_attempts
     priority = options.priority if options.priority is not None else definition.priority
     limit = definition.limit.columns(definition.name, args, kwargs) if definition.limit is not None else {}
+    expires = _expires_ms(definition, created, run_at)
+    if expires is not None:  # only a job with an expiry names the column: every other INSERT stays as it was
+        limit = limit | {"expires_ms": expires}
     return limit | {
         "name": definition.name,
         "queue": queue,
@@ -150,6 +154,27 @@ def _values(definition: JobDefinition[..., Any], args: list[Any], kwargs: dict[s
         "stop_requested": False,
         "errors": "[]",
     }
+
+
+def _expires_ms(definition: JobDefinition[..., Any], created_ms: int, run_at_ms: int) -> int | None:
+    """When the job is dropped if no worker has started it; ``ValueError`` if it could never start."""
+    expires = definition.options.expires
+    if isinstance(expires, datetime):
+        expires_ms: int | None = datetime_to_ms(expires)
+    elif expires is not None:
+        expires_ms = created_ms + seconds_to_ms(expires)
+    elif definition.expires_ms is not None:
+        expires_ms = created_ms + definition.expires_ms
+    else:
+        return None
+    if expires_ms is not None and expires_ms <= run_at_ms:
+        raise ValueError(f"expires {_iso(expires_ms)} is not after the job's due time {_iso(run_at_ms)}: it could never start")
+    return expires_ms
+
+
+def _iso(ms: int) -> str:
+    moment = ms_to_datetime(ms)
+    return moment.isoformat(timespec="milliseconds") if moment is not None else str(ms)
 
 
 def _jobs(values: dict[str, Any], inserted: Iterable[tuple[int, str]], alias: str) -> list[Job]:

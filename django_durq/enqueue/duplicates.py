@@ -38,11 +38,21 @@ if TYPE_CHECKING:
     from ..models import Job
 
 # What each change takes from the new enqueue's row. The limit columns follow the arguments:
-# a Limit's key is computed from them (NULL when the handler has no limit). Queue, attempts,
-# errors and creation time stay the holder's.
+# a Limit's key is computed from them (NULL when the handler has no limit); the expiry follows
+# the due time (NULL when the new enqueue has none). Queue, attempts, errors and creation time
+# stay the holder's.
 _TAKEN = {
-    REPLACE: ("arguments", "priority", "run_at_ms", "limit_key", "limit_running", "limit_rate", "limit_period_ms"),
-    RESCHEDULE: ("run_at_ms",),
+    REPLACE: (
+        "arguments",
+        "priority",
+        "run_at_ms",
+        "expires_ms",
+        "limit_key",
+        "limit_running",
+        "limit_rate",
+        "limit_period_ms",
+    ),
+    RESCHEDULE: ("run_at_ms", "expires_ms"),
 }
 
 

@@ -30,17 +30,20 @@ from ..clock import Clock, datetime_to_ms, ms_to_datetime, seconds_to_ms
 from ..conf import DurqSettings, hooks
 from ..db import ClaimedJob, wakeup
 from ..db.dependencies import settle
+from ..db.expiry import end_claimed, expiry_message
 from ..db.store import Store
 from ..exceptions import Abort, InvalidPayload, Retry
 from ..handlers.context import HAND_BACK_REASONS, LEASE_LOST, TIMED_OUT, JobContext
 from ..handlers.payload import decode_arguments, encode_json
 from ..handlers.registry import JobDefinition, registry
-from ..signals import job_dead, job_finished, send
+from ..signals import job_dead, job_finished, job_postrun, job_prerun, send, send_in_handler_thread
+from .text import clip, clip_start
 from .unknown_types import UnknownTypes
 
 logger = logging.getLogger("django_durq")
-# One line per job outcome (finished with its duration, failed, dead, cancelled, handed back),
-# with the job's id, name, queue and attempt as structured ``extra`` fields.
+# One line per job outcome (finished with its duration, failed, dead, cancelled, expired, handed
+# back), with the job's id, name, queue and attempt as structured ``extra`` fields. Every other
+# line about one job carries the same fields. A line quotes a message whole, never cut.
 jobs_log = logging.getLogger("django_durq.jobs")
 
 MAX_TRACEBACK_CHARS = 20_000
@@ -53,6 +56,7 @@ DEAD = "dead"
 RELEASED = "released"
 CANCELLED_OUTCOME = "cancelled"
 LOST = "lost"
+EXPIRED = "expired"  # claimed after its expiry: ended cancelled, never started
 ABANDONED = "abandoned"  # another recorder (a timeout) settled this attempt first
 UNKNOWN_TYPE = "unknown type"  # handed back: this process has no handler for the job's type
 
@@ -75,7 +79,7 @@ class Failure:
     traceback: str = ""
     retry_at_ms: int | None = None
     final: bool = False
-    error: BaseException | None = None  # the exception itself, for receivers and log handlers
+    error: BaseException | None = None  # the exception itself (a Retry too), for receivers and log handlers
 
 
 class Executor:
@@ -126,6 +130,8 @@ class Executor:
         if ctx.stop_requested:
             # Cancelled before it started (in a buffer, or before a hand-back): never run.
             return self.record(job, ctx, None, None, errors)
+        if job.expires_ms is not None and job.expires_ms <= self.clock.now_ms():
+            return self._expire(job, ctx, errors)
         ctx.start()
         connection = self._connection()
         self._local.before_handler = transaction_state(connection)
@@ -144,7 +150,17 @@ class Executor:
                 # Bound before the call: a TypeError the handler raises itself stays an ordinary failure.
                 failure = Failure("arguments", unfit, "TypeError", final=True)
             else:
+                # In this thread, around the handler alone: a receiver may set up and tear down
+                # what the handler's thread needs (docs/runtime.md, "Signals").
+                if job_prerun.receivers:
+                    send_in_handler_thread(job_prerun, Executor, None, log_extra(job), **_announced(job, ctx))
                 failure, result = self._call(definition, ctx, args, kwargs)
+                if job_postrun.receivers:
+                    raised = failure.error if failure is not None else None
+                    announced = _announced(job, ctx)
+                    send_in_handler_thread(
+                        job_postrun, Executor, raised, log_extra(job), result=result, error=raised, **announced
+                    )
         return self.record(job, ctx, failure, result, errors, definition)
 
     def _unknown(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
@@ -187,6 +203,7 @@ class Executor:
                 "durq: job %s (%s) returned after its attempt was settled (timed out or handed back); its outcome is discarded",
                 job.id,
                 job.name,
+                extra=log_extra(job),
             )
             return ABANDONED
         reclaim_connection(self._connection(), getattr(self._local, "before_handler", (0, True)))
@@ -198,7 +215,7 @@ class Executor:
         except (OperationalError, InterfaceError):
             raise
         except Exception as error:
-            logger.exception("durq: could not record the outcome of job %s (%s)", job.id, job.name)
+            logger.exception("durq: could not record the outcome of job %s (%s)", job.id, job.name, extra=log_extra(job))
             failed = Failure(
                 "outcome", f"could not record the outcome: {_safe_str(error)}", _type_path(error), _traceback(error), error=error
             )
@@ -217,7 +234,9 @@ class Executor:
         if failure is None and reason == TIMED_OUT:
             failure = Failure("timeout", f"timed out after {(job.timeout_ms or 0) / 1000:g} s")
         if reason == LEASE_LOST:
-            logger.warning("durq: job %s (%s) lost its lease while running; its outcome is discarded", job.id, job.name)
+            logger.warning(
+                "durq: job %s (%s) lost its lease while running; its outcome is discarded", job.id, job.name, extra=log_extra(job)
+            )
             return LOST
         if ctx.stop_requested:
             return self._cancel(job, ctx, errors)
@@ -261,7 +280,7 @@ class Executor:
         self._wake(job.queue)
         if jobs_log.isEnabledFor(logging.INFO):
             detail = ctx.stop_detail() or "stopping"
-            jobs_log.info("durq: job %s (%s) handed back (%s)", job.id, job.name, detail, extra=_extra(job))
+            jobs_log.info("durq: job %s (%s) handed back (%s)", job.id, job.name, detail, extra=log_extra(job))
         return RELEASED
 
     def bury_lost(self, queue: str, lease: tuple[int, int], name: str, attempts: int, errors_text: str, holder: str) -> str:
@@ -278,10 +297,11 @@ class Executor:
         if ended is None:
             return LOST
         self._settle_ids([lease[0]])  # what waits for it is counted at once, as after any other end
+        extra = {"job_id": lease[0], "job_name": name, "queue": queue, "attempt": attempts}
         if ended == "cancelled":
-            jobs_log.info("durq: job %s (%s) lost its worker after a cancel -> cancelled", lease[0], name)
+            jobs_log.info("durq: job %s (%s) lost its worker after a cancel -> cancelled", lease[0], name, extra=extra)
             return CANCELLED_OUTCOME
-        logger.error("durq: job %s (%s) lost its worker on its last attempt -> dead letter", lease[0], name)
+        logger.error("durq: job %s (%s) lost its worker on its last attempt -> dead letter", lease[0], name, extra=extra)
         self.count(queue, DEAD)
         self.emit(job_dead, sender=Executor, job_id=lease[0], name=name, queue=queue, errors=errors)
         return DEAD
@@ -301,7 +321,7 @@ class Executor:
             except Exception as error:  # noqa: BLE001 - a bad Retry is the handler's failure
                 message = f"Retry(after={retry.after!r}) is invalid: {_safe_str(error)}"
                 return Failure("exception", message, _type_path(error), _traceback(error), error=error), None
-            return Failure("retry", retry.reason or "retry requested", retry_at_ms=retry_at), None
+            return Failure("retry", retry.reason or "retry requested", retry_at_ms=retry_at, error=retry), None
         except Abort as abort:
             return Failure("exception", _safe_str(abort), _type_path(abort), _traceback(abort), final=True, error=abort), None
         except BaseException as error:  # noqa: BLE001 - a handler must never take the worker down
@@ -343,7 +363,12 @@ class Executor:
         else:
             held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
         if not held:
-            logger.warning("durq: job %s (%s) finished after its lease was lost; the completion was ignored", job.id, job.name)
+            logger.warning(
+                "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
+                job.id,
+                job.name,
+                extra=log_extra(job),
+            )
             return LOST
         self.settle_ends([job])
         self.finished_many([(job, ctx, result)])
@@ -378,7 +403,7 @@ class Executor:
             for job, ctx, _ in completions:
                 took = now - ctx.started_mono
                 jobs_log.info(
-                    "durq: job %s (%s) finished in %.3f s", job.id, job.name, took, extra={**_extra(job), "duration": took}
+                    "durq: job %s (%s) finished in %.3f s", job.id, job.name, took, extra={**log_extra(job), "duration": took}
                 )
         if job_finished.has_listeners(Executor):
             announcements = [
@@ -413,12 +438,17 @@ class Executor:
             held = self.store.retrying("retry", lambda d: d.retry_later(ctx.lease, run_at, now, text))
             outcome = RETRYING
         if not held:
-            logger.warning("durq: job %s (%s) failed after its lease was lost; the failure was ignored", job.id, job.name)
+            logger.warning(
+                "durq: job %s (%s) failed after its lease was lost; the failure was ignored",
+                job.id,
+                job.name,
+                extra=log_extra(job),
+            )
             return LOST
         self.settle_ends([job])  # a dead letter, or a retry an operator's cancel made final
         if run_at is not None and run_at <= now:
             self._wake(job.queue)  # due again at once: idle workers elsewhere need not wait for their poll
-        extra = {**_extra(job), "duration": time.monotonic() - ctx.started_mono}
+        extra = {**log_extra(job), "duration": time.monotonic() - ctx.started_mono}
         if outcome == DEAD:
             jobs_log.error(
                 "durq: job %s (%s) attempt %s/%s failed: %s -> dead letter",
@@ -426,7 +456,7 @@ class Executor:
                 job.name,
                 job.attempts,
                 job.max_attempts,
-                failure.message[:200],
+                failure.message,
                 exc_info=_exc_info(failure),
                 extra=extra,
             )
@@ -437,7 +467,7 @@ class Executor:
                 job.name,
                 job.attempts,
                 job.max_attempts,
-                failure.message[:200],
+                failure.message,
                 _iso(run_at),
                 exc_info=_exc_info(failure),
                 extra={**extra, "next_attempt_ms": run_at},
@@ -456,8 +486,28 @@ class Executor:
         if held:
             self.settle_ends([job])
         if held and jobs_log.isEnabledFor(logging.INFO):
-            jobs_log.info("durq: job %s (%s) cancelled", job.id, job.name, extra=_extra(job))
+            jobs_log.info("durq: job %s (%s) cancelled", job.id, job.name, extra=log_extra(job))
         return CANCELLED_OUTCOME if held else LOST
+
+    def _expire(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
+        """End a job claimed after its expiry without running it; the claim's attempt is given back.
+
+        The claim reads no expiry (the claim is the same for every job), so this is where "never
+        started after its expiry" holds: no handler runs past this check, on the worker's clock
+        (the database's, on PostgreSQL and MariaDB).
+        """
+        if not ctx.settle():
+            return ABANDONED
+        now = self.clock.now_ms()
+        message = expiry_message(job.expires_ms or 0)
+        errors.append(self._entry(job.attempts - 1, Failure("expired", message), self.worker_id))
+        text = json.dumps(errors)
+        held = self.store.retrying("expire", lambda d: end_claimed(d, ctx.lease, now, text))
+        if not held:
+            return LOST
+        self.settle_ends([job])  # what waits for it is cancelled (or released, with on_failure="run")
+        jobs_log.info("durq: job %s (%s) %s -> cancelled", job.id, job.name, message, extra=log_extra(job))
+        return EXPIRED
 
     def _connection(self) -> Any:
         """This thread's connection to the queue's database, looked up once per thread."""
@@ -481,8 +531,8 @@ class Executor:
             "worker": worker,
             "kind": failure.kind,
             "type": failure.type,
-            "message": failure.message[:MAX_MESSAGE_CHARS],
-            "traceback": failure.traceback[-MAX_TRACEBACK_CHARS:],
+            "message": clip(failure.message, MAX_MESSAGE_CHARS),
+            "traceback": clip_start(failure.traceback, MAX_TRACEBACK_CHARS),
         }
 
 
@@ -541,13 +591,21 @@ def _iso(ms: int | None) -> str:
     return moment.isoformat(timespec="milliseconds") if moment is not None else "?"
 
 
-def _extra(job: ClaimedJob) -> dict[str, Any]:
+def log_extra(job: ClaimedJob) -> dict[str, Any]:
+    """The structured fields of every log line about one attempt of a job."""
     return {"job_id": job.id, "job_name": job.name, "queue": job.queue, "attempt": job.attempts}
+
+
+def _announced(job: ClaimedJob, ctx: JobContext) -> dict[str, Any]:
+    """What ``job_prerun`` and ``job_postrun`` say about the attempt."""
+    return {"job_id": job.id, "name": job.name, "queue": job.queue, "attempt": job.attempts, "ctx": ctx}
 
 
 def _exc_info(failure: Failure) -> tuple[type[BaseException], BaseException, Any] | None:
     error = failure.error
-    return (type(error), error, error.__traceback__) if error is not None else None
+    if error is None or failure.kind == "retry":
+        return None  # a Retry the handler asked for is no error to trace
+    return (type(error), error, error.__traceback__)
 
 
 def error_list(text: str) -> list[dict[str, Any]]:

@@ -43,6 +43,8 @@ class JobOptions:
     lease: timedelta | float | None = None
     timeout: timedelta | float | None = None
     on_duplicate: OnDuplicate | None = None
+    # Not started by then, the job never runs: a duration from the enqueue, or an aware datetime.
+    expires: timedelta | float | datetime | None = None
 
     def __post_init__(self) -> None:
         """Refuse a bad option where it is given, before any SQL, with the message ``@job`` gives."""
@@ -69,6 +71,8 @@ class JobOptions:
             check_duration("timeout", self.timeout)
         if self.on_duplicate is not None:
             check_on_duplicate(self.on_duplicate, self.unique)
+        if self.expires is not None:
+            check_expires(self.expires)
 
 
 def check_handler_options(
@@ -80,6 +84,7 @@ def check_handler_options(
     timeout: object,
     backoff: object,
     cron: object,
+    expires: object = None,
 ) -> None:
     """The options ``@job`` is given, checked with the rules and messages ``using()`` applies."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
@@ -97,6 +102,19 @@ def check_handler_options(
         raise TypeError(f"backoff must be a django_durq.handlers.backoff.Backoff, not {type(backoff).__name__}")
     if cron is not None and not isinstance(cron, str):
         raise TypeError(f"cron must be a cron expression (str), not {type(cron).__name__}")
+    if expires is not None:
+        check_duration("expires", expires)  # a handler's expiry counts from each enqueue
+
+
+def check_expires(expires: object) -> None:
+    """A positive duration, or an aware datetime: when a job not started by then is dropped."""
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None or expires.utcoffset() is None:
+            raise ValueError("expires must be an aware datetime (naive datetimes have no defined instant)")
+        return
+    if isinstance(expires, bool) or not isinstance(expires, (int, float, timedelta)):
+        raise TypeError(f"expires must be a timedelta, a number of seconds or an aware datetime, not {type(expires).__name__}")
+    check_duration("expires", expires)
 
 
 def check_queue(queue: object) -> None:

@@ -58,8 +58,9 @@ class JobDefinition(Generic[P, R]):
         cron: str | None,
         options: JobOptions | None = None,
         limit: Limit | None = None,
+        expires: timedelta | float | None = None,
     ) -> None:
-        check_handler_options(name, queue, priority, max_attempts, lease, timeout, backoff, cron)
+        check_handler_options(name, queue, priority, max_attempts, lease, timeout, backoff, cron, expires)
         if limit is not None and not isinstance(limit, Limit):
             raise TypeError(f"limit must be a django_durq.Limit, not {type(limit).__name__}")
         self.func = func
@@ -71,6 +72,7 @@ class JobDefinition(Generic[P, R]):
         self.max_attempts = max_attempts
         self.lease_ms = seconds_to_ms(lease) if lease is not None else None
         self.timeout_ms = seconds_to_ms(timeout) if timeout is not None else None
+        self.expires_ms = seconds_to_ms(expires) if expires is not None else None  # counted from each enqueue
         self.backoff = backoff
         self.cron = cron
         self.options = options or JobOptions()
@@ -131,8 +133,12 @@ class JobDefinition(Generic[P, R]):
         lease: timedelta | float | None = None,
         timeout: timedelta | float | None = None,
         on_duplicate: OnDuplicate | None = None,
+        expires: timedelta | float | datetime | None = None,
     ) -> JobDefinition[P, R]:
         """A copy of this definition whose next ``enqueue()`` uses these options; a bad option raises here.
+
+        ``expires`` (a duration from the enqueue, or an aware datetime) drops the job if no worker
+        has started it by then: it ends ``cancelled`` and never runs (docs/jobs.md, "Expiry").
 
         ``on_duplicate`` says what an enqueue whose ``unique`` key is held by a *waiting* job
         does: ``"keep"`` (the default) leaves that job as it is, ``"replace"`` gives it this
@@ -153,6 +159,7 @@ class JobDefinition(Generic[P, R]):
                 "lease": lease,
                 "timeout": timeout,
                 "on_duplicate": on_duplicate,
+                "expires": expires,
             }.items()
             if value is not None
         }
@@ -253,6 +260,7 @@ def job(
     backoff: Backoff | None = None,
     cron: str | None = None,
     limit: Limit | None = None,
+    expires: timedelta | float | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
 
 
@@ -269,13 +277,16 @@ def job(
     backoff: Backoff | None = None,
     cron: str | None = None,
     limit: Limit | None = None,
+    expires: timedelta | float | None = None,
 ) -> Any:
     """Register a handler. The handler receives a ``JobContext`` first, then the job's arguments.
 
     ``name`` defaults to the dotted path ``module.function``; set it so that renaming the
     function does not orphan jobs already queued. ``lease`` and ``timeout`` are timedeltas or
     seconds. ``limit`` (a :class:`~django_durq.handlers.limits.Limit`) caps how many of its jobs run at
-    once or start per period, across every worker. A bad option, or a handler that cannot take the context first, raises here.
+    once or start per period, across every worker. ``expires`` (a duration) drops each of its jobs
+    that no worker started that long after its enqueue. A bad option, or a handler that cannot
+    take the context first, raises here.
     """
 
     def register(function: Callable[..., Any]) -> JobDefinition[..., Any]:
@@ -290,6 +301,7 @@ def job(
             backoff=backoff,
             cron=cron,
             limit=limit,
+            expires=expires,
         )
         registry.add(definition)
         return definition

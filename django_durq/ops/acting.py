@@ -122,6 +122,7 @@ _RESET = {
     "progress_total": None,
     "result": None,
     "cancelled_by": None,
+    "expires_ms": None,  # an operator's retry asks for a run: an expiry would end it at once
 }
 
 

@@ -1,7 +1,8 @@
-"""Cron schedules: declared in code or settings, each due time enqueued by exactly one replica.
+"""Schedules, cron or interval: declared in code or settings, each due time enqueued by exactly one replica.
 
-``declarations`` holds what was declared and checks it, ``claims`` is the cron duty's pass that
-takes due times, and ``listing`` is what the admin and the command line show.
+``declarations`` holds what was declared and checks it, ``intervals`` the due times of an
+interval, ``claims`` is the cron duty's pass that takes due times, and ``listing`` is what the
+admin and the command line show.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cron duty's pass: each due time of each schedule taken by exactly one replica.
+"""The cron duty's pass: each due time of each schedule (cron or interval) taken by exactly one replica.
 
 A schedule's row in ``durq_schedule`` holds its next due time. Whoever runs the cron duty takes a
 due time by compare-and-set (``UPDATE durq_schedule SET next_due_ms = <next> … WHERE name = %s
@@ -25,7 +25,6 @@ from django.db import DatabaseError, IntegrityError, transaction
 
 from ..clock import ms_to_datetime
 from ..conf import get_settings
-from ..cron import next_due_ms
 from ..handlers.registry import registry
 from ..models import Schedule
 from .declarations import ScheduleSpec, schedules
@@ -53,8 +52,8 @@ def plan(spec: ScheduleSpec, due_ms: int, now_ms: int, on_time_ms: int = ON_TIME
     due time that is still on time, so the missed ones go together.
     """
     if spec.missed == "all" or now_ms - due_ms <= on_time_ms:
-        return True, next_due_ms(spec.cron, spec.timezone, due_ms)
-    following = next_due_ms(spec.cron, spec.timezone, now_ms - on_time_ms - 1)
+        return True, spec.next_due_ms(due_ms, on_grid_ms=due_ms)
+    following = spec.next_due_ms(now_ms - on_time_ms - 1, on_grid_ms=due_ms)
     return spec.missed == "collapse", following
 
 
@@ -74,7 +73,7 @@ def claim(spec: ScheduleSpec, due_ms: int, now_ms: int, *, on_time_ms: int = ON_
         job_id = None
         if run:
             definition = registry.require(spec.job).using(queue=spec.queue, priority=spec.priority, run_at=ms_to_datetime(due_ms))
-            job_id = definition.enqueue(**spec.kwargs).pk
+            job_id = definition.enqueue(*spec.args, **spec.kwargs).pk
             Schedule.objects.using(alias).filter(name=spec.name).update(last_job_id=job_id)
     return Claim(spec.name, due_ms, next_due, job_id)
 
@@ -107,7 +106,7 @@ def sync(specs: list[ScheduleSpec], now_ms: int) -> dict[str, int]:
         if row is not None and row[:2] == (spec.cron, spec.timezone):
             due_times[spec.name] = row[2]
             continue
-        next_due = next_due_ms(spec.cron, spec.timezone, now_ms)
+        next_due = spec.next_due_ms(now_ms)
         if row is None:
             try:
                 with transaction.atomic(using=alias):

@@ -1,5 +1,6 @@
 """Schedules as declared: in code (``@job(cron=...)``, ``django_durq.schedule()``) or in settings.
 
+A schedule runs at each due time of a cron expression, or every so long (``intervals.py``).
 Declaring records a schedule and nothing more; ``manage.py check`` reports what is wrong with
 one (durq.E010-E013), and only schedules without a problem run.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import difflib
 import threading
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from .. import clock
@@ -17,9 +19,11 @@ from ..cron import CronError, fields, next_due_ms, zone
 from ..exceptions import DurqError, InvalidPayload
 from ..handlers.payload import encode_arguments
 from ..handlers.registry import JobDefinition, registry
+from . import intervals
 
 MISSED_POLICIES = ("collapse", "skip", "all")
-SETTINGS_KEYS = {"cron", "job", "kwargs", "queue", "priority", "missed", "timezone"}
+SETTINGS_KEYS = {"cron", "every", "job", "args", "kwargs", "queue", "priority", "missed", "timezone"}
+WHEN_HINT = "Give either cron='0 3 * * *' or every=timedelta(minutes=45) (whole seconds, at least one)."
 
 
 class UnknownSchedule(DurqError, LookupError):
@@ -28,7 +32,9 @@ class UnknownSchedule(DurqError, LookupError):
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """One declared schedule: run ``job`` with ``kwargs`` at each due time of ``cron`` in ``timezone``."""
+    """One declared schedule: run ``job`` with ``args`` and ``kwargs`` at each due time of ``cron`` in
+    ``timezone``, or every ``every_ms``; then ``cron`` is the interval's text (``every 45m``), which is
+    what the schedule's row stores and lists show."""
 
     name: str
     cron: str
@@ -39,6 +45,32 @@ class ScheduleSpec:
     missed: str = "collapse"
     timezone: str = "UTC"
     source: str = "django_durq.schedule()"
+    every_ms: int | None = None
+    args: tuple[Any, ...] = ()
+    # Why ``cron`` and ``every`` do not make a schedule (both, neither, a bad interval), or "".
+    when_problem: str = ""
+
+    def next_due_ms(self, after_ms: int, on_grid_ms: int | None = None) -> int:
+        """The first due time strictly after ``after_ms``; an interval's lies on the grid through
+        ``on_grid_ms`` (a due time of this schedule) when given (see ``intervals.py``)."""
+        if self.every_ms is not None:
+            return intervals.next_due_ms(self.every_ms, after_ms, on_grid_ms)
+        return next_due_ms(self.cron, self.timezone, after_ms)
+
+
+def _when(cron: object, every: object) -> tuple[str, int | None, str]:
+    """(the text stored as ``cron``, the interval in ms or None, the problem or "") of a declaration."""
+    if every is None:
+        if cron is None:
+            return "", None, "it has neither cron nor every"
+        return cron, None, ""  # type: ignore[return-value]  # a non-str cron is reported by the check
+    if cron is not None:
+        return str(cron), None, "it has both cron and every; give one of them"
+    try:
+        every_ms = intervals.interval_ms(every)
+    except intervals.IntervalError as error:
+        return f"every {every!r}", None, str(error)
+    return intervals.text(every_ms), every_ms, ""
 
 
 _declared: dict[str, ScheduleSpec] = {}
@@ -48,25 +80,37 @@ _lock = threading.Lock()
 
 def schedule(
     name: str,
-    cron: str,
-    job: str | JobDefinition,
+    cron: str | None = None,
+    job: str | JobDefinition | None = None,
     *,
+    every: timedelta | float | None = None,
+    args: list[Any] | tuple[Any, ...] | None = None,
     kwargs: dict[str, Any] | None = None,
     queue: str | None = None,
     priority: int | None = None,
     missed: str = "collapse",
     timezone: str = "UTC",
 ) -> ScheduleSpec:
-    """Declare a schedule; a bad value is reported by ``manage.py check`` (durq.E010-E013), not here."""
+    """Declare a schedule; a bad value is reported by ``manage.py check`` (durq.E010-E013), not here.
+
+    Give ``cron`` (an expression) or ``every`` (a timedelta or seconds), not both. Only a missing
+    ``job`` raises here, as a missing argument would.
+    """
+    if job is None:
+        raise TypeError("schedule() needs the job to run: schedule(name, cron, job) or schedule(name, job=..., every=...)")
+    text, every_ms, when_problem = _when(cron, every)
     spec = ScheduleSpec(
         name=name,
-        cron=cron,
+        cron=text,
         job=job.name if isinstance(job, JobDefinition) else job,
         kwargs=dict(kwargs or {}),
         queue=queue,
         priority=priority,
         missed=missed,
         timezone=timezone,
+        every_ms=every_ms,
+        args=_positional(args),
+        when_problem=when_problem,
     )
     with _lock:
         existing = _declared.get(name)
@@ -110,6 +154,13 @@ def collect() -> tuple[list[ScheduleSpec], list[Problem]]:
     return [specs[name] for name in sorted(specs)], problems
 
 
+def _positional(args: object) -> Any:
+    """Positional arguments as a tuple; anything that is not a list or tuple is kept for the check to name."""
+    if args is None:
+        return ()
+    return tuple(args) if isinstance(args, (list, tuple)) else args
+
+
 def _from_settings(raw: dict[str, Any], problems: list[Problem]) -> dict[str, ScheduleSpec | None]:
     hint = 'Write DURQ["SCHEDULES"]["name"] = {"cron": "0 3 * * *", "job": "app.job_name"}; see docs/cron.md.'
     found: dict[str, ScheduleSpec | None] = {}
@@ -122,7 +173,7 @@ def _from_settings(raw: dict[str, Any], problems: list[Problem]) -> dict[str, Sc
             problems.append(Problem("durq.E013", f"schedule {name!r}: {where} must be a dict or None", hint))
             continue
         unknown = sorted(set(options) - SETTINGS_KEYS)
-        missing = sorted({"cron", "job"} - set(options))
+        missing = sorted({"job"} - set(options))
         if unknown or missing:
             what = f"has unknown keys {unknown}" if unknown else f"lacks {missing}"
             problems.append(
@@ -134,9 +185,10 @@ def _from_settings(raw: dict[str, Any], problems: list[Problem]) -> dict[str, Sc
         if not isinstance(kwargs, dict):
             problems.append(Problem("durq.E013", f"schedule {name!r}: {where}['kwargs'] must be a dict", hint))
             continue
+        text, every_ms, when_problem = _when(options.get("cron"), options.get("every"))
         found[name] = ScheduleSpec(
             name=name,
-            cron=options["cron"],
+            cron=text,
             job=options["job"],
             kwargs=kwargs,
             queue=options.get("queue"),
@@ -144,6 +196,9 @@ def _from_settings(raw: dict[str, Any], problems: list[Problem]) -> dict[str, Sc
             missed=options.get("missed", "collapse"),
             timezone=options.get("timezone", "UTC"),
             source=where,
+            every_ms=every_ms,
+            args=_positional(options.get("args")),
+            when_problem=when_problem,
         )
     return found
 
@@ -165,13 +220,19 @@ def spec_problems(spec: ScheduleSpec, now_ms: int) -> list[Problem]:
         add("durq.E011", str(error), "Use an IANA name such as 'Europe/Berlin', 'America/New_York' or 'UTC'.")
         zone_ok = False
     cron_hint = "Write five fields (minute hour day month weekday), or six with seconds first, e.g. '*/5 * * * *'."
-    try:
-        fields(spec.cron)
-        if len(spec.cron) > 200:
-            raise CronError("the cron expression is longer than 200 characters")
-        next_due_ms(spec.cron, spec.timezone if zone_ok else "UTC", now_ms)
-    except CronError as error:
-        add("durq.E010", str(error), cron_hint)
+    if spec.when_problem:
+        add("durq.E010", spec.when_problem, WHEN_HINT)
+    elif spec.every_ms is not None:
+        if spec.timezone != "UTC":
+            add("durq.E013", "an interval runs by elapsed time; timezone applies to cron only", "Drop timezone.")
+    else:
+        try:
+            fields(spec.cron)
+            if len(spec.cron) > 200:
+                raise CronError("the cron expression is longer than 200 characters")
+            next_due_ms(spec.cron, spec.timezone if zone_ok else "UTC", now_ms)
+        except CronError as error:
+            add("durq.E010", str(error), cron_hint)
     if not isinstance(spec.job, str) or registry.get(spec.job) is None:
         close = difflib.get_close_matches(spec.job, [d.name for d in registry.all()], n=3) if isinstance(spec.job, str) else []
         hint = f"Did you mean {', '.join(repr(c) for c in close)}?" if close else "Name a job registered with @job."
@@ -185,14 +246,28 @@ def spec_problems(spec: ScheduleSpec, now_ms: int) -> list[Problem]:
         isinstance(spec.priority, bool) or not isinstance(spec.priority, int) or not -32768 <= spec.priority <= 32767
     ):
         add("durq.E013", f"priority={spec.priority!r} is not a whole number in -32768..32767", "Write for example priority=5.")
-    if not isinstance(spec.kwargs, dict) or not all(isinstance(key, str) for key in spec.kwargs):
-        add("durq.E013", "kwargs must be a dict with string keys", 'Write kwargs={"key": "value"}.')
-    else:
-        try:
-            encode_arguments([], spec.kwargs, get_settings().max_payload_bytes)
-        except InvalidPayload as error:
-            add("durq.E013", f"kwargs cannot be stored: {error}", "Pass JSON values: str, int, float, bool, None, list, dict.")
+    found.extend(_argument_problems(spec, label))
     return found
+
+
+def _argument_problems(spec: ScheduleSpec, label: str) -> list[Problem]:
+    """What is wrong with a schedule's arguments: not JSON, or not what its handler takes."""
+    if not isinstance(spec.args, tuple):
+        return [Problem("durq.E013", f"{label}: args must be a list or a tuple", "Write args=[1, 2].")]
+    if not isinstance(spec.kwargs, dict) or not all(isinstance(key, str) for key in spec.kwargs):
+        return [Problem("durq.E013", f"{label}: kwargs must be a dict with string keys", 'Write kwargs={"key": "value"}.')]
+    json_hint = "Pass JSON values: str, int, float, bool, None, list, dict."
+    try:
+        encode_arguments(list(spec.args), spec.kwargs, get_settings().max_payload_bytes)
+    except InvalidPayload as error:
+        return [Problem("durq.E013", f"{label}: the arguments cannot be stored: {error}", json_hint)]
+    definition = registry.get(spec.job) if isinstance(spec.job, str) else None
+    if definition is not None:
+        try:
+            definition.check_arguments(spec.args, spec.kwargs)
+        except TypeError as error:
+            return [Problem("durq.E013", f"{label}: {error}", "Give args and kwargs that the handler takes.")]
+    return []
 
 
 def schedule_problems(now_ms: int | None = None) -> list[Problem]:

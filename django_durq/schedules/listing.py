@@ -8,7 +8,7 @@ from datetime import datetime
 from .. import clock
 from ..clock import ms_to_datetime
 from ..conf import get_settings
-from ..cron import CronError, next_due_ms, zone
+from ..cron import CronError, zone
 from ..handlers.registry import registry
 from ..models import Job, Schedule
 from .declarations import UnknownSchedule, collect, find, spec_problems
@@ -59,7 +59,7 @@ def list_schedules(now_ms: int | None = None) -> list[ScheduleInfo]:
         problems = spec_problems(spec, now)
         next_due = row.next_due_ms if row is not None else None
         if next_due is None and not problems:
-            next_due = next_due_ms(spec.cron, spec.timezone, now)
+            next_due = spec.next_due_ms(now)
         infos.append(
             ScheduleInfo(
                 name=spec.name,
@@ -99,7 +99,7 @@ def run_now(name: str) -> Job:
     problems = spec_problems(spec, clock.now_ms())
     if problems:
         raise UnknownSchedule(problems[0].message)
-    return registry.require(spec.job).using(queue=spec.queue, priority=spec.priority).enqueue(**spec.kwargs)
+    return registry.require(spec.job).using(queue=spec.queue, priority=spec.priority).enqueue(*spec.args, **spec.kwargs)
 
 
 def format_schedules(now_ms: int | None = None) -> str:

@@ -1,8 +1,11 @@
-"""A task's arguments, normalised as Django's backends do, refused as ``@job`` refuses them.
+"""A task's arguments, normalised as Django's backends do, refused in Django's words and durq's.
 
 Django turns tuples into lists and UTF-8 ``bytes`` into text; what it cannot normalise it
-refuses with a message that does not say where the value sits. Here the refusal is durq's
-``InvalidPayload`` (a ``TypeError``, as Django raises) naming the path, ``args[1]['when']``.
+refuses with ``TypeError("Unsupported type: <class '…'>")`` (``ValueError("Unsupported value:
+…")`` for bytes that are not UTF-8), which does not say where the value sits. Here the refusal is
+durq's ``InvalidPayload`` of the same class (a ``TypeError``; also a ``ValueError`` where Django
+raises one) whose message starts with Django's own words and goes on to name the path,
+``args[1]['when']``: code and tests written against Django's backends keep passing.
 """
 
 from __future__ import annotations
@@ -14,15 +17,21 @@ from ..exceptions import InvalidPayload
 from ..handlers.payload import check_json
 from .framework import normalize_json
 
-__all__ = ["normalized_arguments"]
+__all__ = ["UnsupportedValue", "normalized_arguments"]
+
+
+class UnsupportedValue(InvalidPayload, ValueError):
+    """A value Django's normalisation refuses with ``ValueError`` (bytes that are not UTF-8 text)."""
 
 
 def normalized_arguments(value: Any, root: str) -> Any:
-    """Django's JSON normalisation of task arguments, failing as ``@job`` does: naming the value."""
+    """Django's JSON normalisation of task arguments, failing in Django's words and naming the value."""
     try:
         return normalize_json(value)
-    except (TypeError, ValueError):
-        raise _payload_error(value, root) from None
+    except (TypeError, ValueError) as refused:
+        found = _payload_error(value, root)
+        kind = UnsupportedValue if isinstance(refused, ValueError) else InvalidPayload
+        raise kind(f"{refused}: {found}", path=found.path) from None
 
 
 def _payload_error(value: Any, path: str) -> InvalidPayload:

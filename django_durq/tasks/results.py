@@ -90,7 +90,8 @@ def result_for_job(job: Job, task: Any, alias: str, *, copy_task: bool = True) -
     entries = job.error_list
     # A hand-back by a worker without the handler (``counted: false``) was no attempt of the task.
     errors = [_task_error(entry) for entry in entries if isinstance(entry, dict) and entry.get("counted") is not False]
-    if job.status == "cancelled" and not any(entry.get("kind") == "cancelled" for entry in entries if isinstance(entry, dict)):
+    said = ("cancelled", "expired")
+    if job.status == "cancelled" and not any(entry.get("kind") in said for entry in entries if isinstance(entry, dict)):
         errors.append(TaskError(exception_class_path=_CANCELLED, traceback=f"{_CANCELLED}: cancelled before it ran"))
     if copy_task:
         run_after = _local(_EPOCH + job.run_after_us * _MICROSECOND) if job.run_after_us is not None else None
@@ -138,6 +139,7 @@ _KIND_CLASSES = {
     "worker_lost": "django_durq.exceptions.LeaseLost",
     "unknown_job": "django_durq.exceptions.UnknownJobType",
     "cancelled": _CANCELLED,
+    "expired": _CANCELLED,  # not started before its expiry: cancelled
 }
 
 

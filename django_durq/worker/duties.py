@@ -1,13 +1,15 @@
-"""The cron and retention duties of the maintenance runner (see ``maintenance.py``).
+"""The cron, expiry and retention duties of the maintenance runner (see ``maintenance.py``).
 
-One worker per database holds the maintenance lease and runs them: cron once a second, pruning
-at a pace set by how long rows are kept (``prune_every_ms``). A lease can expire while its old
-holder still runs, so neither duty relies on it: a schedule's due time is taken by
-compare-and-set on its row, and pruning deletes only rows that are still expired.
+One worker per database holds the maintenance lease and runs them: cron once a second, the
+expiry sweep at the next expiry (every five seconds at most), pruning at a pace set by how long
+rows are kept (``prune_every_ms``). A lease can expire while its old holder still runs, so no
+duty relies on it: a schedule's due time is taken by compare-and-set on its row, the sweep ends
+only jobs still waiting, and pruning deletes only rows that are still expired.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
@@ -17,8 +19,11 @@ from .. import schedules
 from ..conf import DurqSettings
 from ..db import dialect_for
 from ..db.dependencies import settle, uncounted_ends
+from ..db.expiry import end_waiting, expiry_message, next_expiry
 from ..models import ACTIVE_STATUSES, Dependency, Job, QueueStat, Status, Workflow
 from .maintenance import INTERVAL_MS, register_duty
+
+jobs_log = logging.getLogger("django_durq.jobs")
 
 # Pruning looks again after a tenth of the shortest time rows are kept, within these bounds: a
 # row outlives its window by that at most, and an idle worker does not scan every second for
@@ -57,6 +62,42 @@ class CronDuty:
         specs = schedules.schedules(now_ms)
         self.every_ms = INTERVAL_MS if specs else self.NONE_DECLARED_EVERY_MS
         return schedules.tick(now_ms, specs=specs)
+
+
+class ExpiryDuty:
+    """Ends waiting jobs whose expiry came before any worker started them (``db/expiry.py``).
+
+    A job a claim reaches is ended by the worker that claimed it; this sweep is for the jobs no
+    claim reaches: a paused queue, a queue no worker serves, a limit that holds them back. It
+    looks again at the earliest expiry it knows of, and at least every ``QUIET_EVERY_MS``, on the
+    maintenance passes' one-second grid: an expired job waits at most that plus a pass (six
+    seconds) after its expiry while a worker holds the duty, and at most a pass when its expiry
+    was known at the previous look.
+    """
+
+    name = "expiry"
+    QUIET_EVERY_MS = 5 * INTERVAL_MS
+    BATCH = 500
+
+    def __init__(self, settings: DurqSettings) -> None:
+        self.settings = settings
+        self.every_ms = INTERVAL_MS
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        dialect = dialect_for(connections[self.settings.database])
+        ended = end_waiting(dialect, now_ms, self.BATCH)
+        for job in ended:
+            jobs_log.info(
+                "durq: job %s (%s) %s -> cancelled",
+                job.id,
+                job.name,
+                expiry_message(job.expires_ms),
+                extra={"job_id": job.id, "job_name": job.name, "queue": job.queue, "attempt": job.attempts},
+            )
+        upcoming = next_expiry(dialect)
+        wait_ms = self.QUIET_EVERY_MS if upcoming is None else upcoming - now_ms
+        self.every_ms = min(self.QUIET_EVERY_MS, max(INTERVAL_MS, wait_ms))
+        return {"expired": len(ended)}
 
 
 class RetentionDuty:
@@ -217,6 +258,10 @@ def _cron(runtime: Runtime) -> CronDuty:
     return CronDuty()
 
 
+def _expiry(runtime: Runtime) -> ExpiryDuty:
+    return ExpiryDuty(runtime.settings)
+
+
 def _retention(runtime: Runtime) -> RetentionDuty:
     return RetentionDuty(runtime.settings)
 
@@ -235,6 +280,7 @@ def _workflow_retention(runtime: Runtime) -> WorkflowRetention:
 
 register_duty(_cron)
 register_duty(_settle)
+register_duty(_expiry)
 register_duty(_retention)
 register_duty(_workflow_retention)
 register_duty(_stats_retention)

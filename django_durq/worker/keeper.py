@@ -25,6 +25,7 @@ from django.db import connections
 from ..clock import ServerClock
 from ..conf import hooks
 from ..db import wakeup
+from ..execution.executor import log_extra
 from .attempt import RUNNING
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ class LeaseKeeper:
         for attempt in attempts:
             attempt.ctx.apply_renewal(renewal, asked)
             if attempt.ctx.lease_lost and attempt.state == RUNNING:
-                logger.warning("durq: job %s lost its lease (taken over or deleted)", attempt.job.id)
+                job = attempt.job
+                logger.warning("durq: job %s (%s) lost its lease (taken over or deleted)", job.id, job.name, extra=log_extra(job))
         if renewal.busy:
             logger.debug("durq: %d lease(s) not renewed this time: another transaction holds their rows", len(renewal.busy))
         self._reconfirmed()

@@ -43,7 +43,7 @@ from django.db import connections, transaction
 
 from ..conf import hooks
 from ..db import ClaimedJob, Dialect, Lease, places, wakeup
-from ..execution.executor import ABANDONED, DEAD, Completion, Executor
+from ..execution.executor import ABANDONED, DEAD, Completion, Executor, log_extra
 from ..handlers.context import JobContext
 from .attempt import FINISHING, RUNNING, Attempt
 from .flow_gate import FlowGate
@@ -471,6 +471,7 @@ class Pool:
                         "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
                         attempt.job.id,
                         attempt.job.name,
+                        extra=log_extra(attempt.job),
                     )
         finally:
             runtime.book.remove_many(completions)
@@ -571,7 +572,12 @@ class Pool:
             try:
                 outcome = self.executor.run(attempt.job, attempt.ctx)
             except BaseException:  # the database stayed down past every retry
-                logger.exception("durq: could not record the outcome of job %s; its lease will expire", attempt.job.id)
+                logger.exception(
+                    "durq: could not record the outcome of job %s (%s); its lease will expire",
+                    attempt.job.id,
+                    attempt.job.name,
+                    extra=log_extra(attempt.job),
+                )
             # The handler has returned; unless a completion carries its place, free that now (or at the next write).
             if attempt.job.placed and attempt.lease not in self._finished_results and not self.places.free([attempt.lease]):
                 self.kick.set()

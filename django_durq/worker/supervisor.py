@@ -25,7 +25,7 @@ from django.db import connections
 from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
 from ..db import dialect_for, pooler, presence
-from ..execution.executor import RELEASED, error_list
+from ..execution.executor import RELEASED, error_list, log_extra
 from ..models import WorkerProcess
 from . import exit_status
 from .keeper import LeaseKeeper
@@ -207,7 +207,10 @@ class Supervisor:
                 try:
                     outcome = pool.executor.hand_back(attempt.job, ctx, error_list(attempt.job.errors))
                 except Exception:
-                    logger.exception("durq: could not hand back job %s; its lease will expire", attempt.job.id)
+                    job = attempt.job
+                    logger.exception(
+                        "durq: could not hand back job %s (%s); its lease will expire", job.id, job.name, extra=log_extra(job)
+                    )
                     continue
                 finally:
                     runtime.book.remove(attempt)

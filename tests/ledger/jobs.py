@@ -232,6 +232,10 @@ if os.environ.get("DURQ_TEST_CRON") == "every-second":
     from django_durq import schedule
 
     schedule("tests.every-second", "* * * * * *", noop, kwargs={"tag": "cron"})
+elif os.environ.get("DURQ_TEST_CRON") == "interval":
+    from django_durq import schedule
+
+    schedule("tests.every-second-interval", job=stamp, every=1, args=["every-second"])
 elif os.environ.get("DURQ_TEST_CRON") == "bad":
     from django_durq import schedule
 
@@ -517,6 +521,21 @@ def stop_reason(ctx, seconds=30.0, began=""):
         time.sleep(0.02)
     record(ctx, "ran-out")
 
+
+# --- receivers of tests/worker/test_run_signals.py: connected only in processes started with DURQ_TEST_RUN_SIGNALS ---
+
+if os.environ.get("DURQ_TEST_RUN_SIGNALS") == "raise":
+    from django_durq.signals import job_postrun, job_prerun
+
+    def _prerun_records_then_raises(sender, job_id, **kwargs):
+        Effect.objects.create(job_id=job_id, token=0, pid=os.getpid(), started_ms=now_ms(), tag="prerun")
+        raise RuntimeError("a prerun receiver that fails")
+
+    def _postrun_raises(sender, **kwargs):
+        raise RuntimeError("a postrun receiver that fails")
+
+    job_prerun.connect(_prerun_records_then_raises, weak=False)
+    job_postrun.connect(_postrun_raises, weak=False)
 
 # The model-based chaos test's handlers live in a module of their own; importing it registers them.
 from . import model_jobs  # noqa: E402, F401

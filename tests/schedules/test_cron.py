@@ -225,7 +225,7 @@ def test_bad_schedules_in_settings_are_check_errors(settings):
         },
     }
     assert problem_ids("tests.cron.typo") == ["durq.E013"]
-    assert problem_ids("tests.cron.nocron") == ["durq.E013"]
+    assert problem_ids("tests.cron.nocron") == ["durq.E010"]  # neither cron nor every
     assert problem_ids("tests.cron.zone") == ["durq.E011", "durq.E012"]
     from django_durq.checks import check_schedules
 

@@ -8,6 +8,7 @@ them, one ``task_enqueued`` per enqueue, ids that never name another task, the o
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -262,6 +263,18 @@ def test_arguments_that_are_not_json_name_the_bad_value(clock):
     assert isinstance(raised.value, TypeError) and raised.value.path == "args[1]['when']"
     with pytest.raises(InvalidPayload, match=r"kwargs\['key'\]\[0\] is of type object"):
         tasks.echo.enqueue(key=[object()])
+    assert not Job.objects.exists()
+
+
+def test_arguments_that_are_not_json_keep_djangos_words_beside_the_path(clock):
+    """Code and tests written against Django's own backends match on Django's message."""
+    with pytest.raises(TypeError, match=re.escape("Unsupported type: <class 'datetime.datetime'>")) as raised:
+        tasks.echo.enqueue(1, {"when": datetime.now(UTC)})
+    assert "args[1]['when'] is of type datetime.datetime, which is not JSON" in str(raised.value)
+    with pytest.raises(ValueError, match=re.escape("Unsupported value: <class 'bytes'>")) as undecodable:
+        tasks.echo.enqueue(key=b"\xff")
+    assert isinstance(undecodable.value, InvalidPayload) and undecodable.value.path == "kwargs['key']"
+    assert "kwargs['key'] is bytes that are not UTF-8 text" in str(undecodable.value)
     assert not Job.objects.exists()
 
 

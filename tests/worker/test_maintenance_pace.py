@@ -1,6 +1,7 @@
 """The maintenance pass runs each duty at its own pace: the look for ended workers every second
 (it reads their locks, no table, while none has ended), cron every second once a schedule is
-declared, the settle sweep every second while a workflow is in flight, pruning at a tenth of the
+declared, the settle sweep every second while a workflow is in flight, the expiry sweep at the
+next expiry (five seconds at most), pruning at a tenth of the
 time rows are kept (at most a minute), a duty that found work again at the next pass, and a
 worker that becomes the holder runs every duty at once. Driven by a manual clock, no worker."""
 
@@ -19,7 +20,7 @@ from tests.ledger import jobs
 from tests.worker.test_retention import make
 
 START = 1_800_000_000_000
-EVERY_DUTY = {"stale-workers", "cron", "settle", "retention", "workflow-retention", "stats-retention"}
+EVERY_DUTY = {"stale-workers", "cron", "settle", "expiry", "retention", "workflow-retention", "stats-retention"}
 
 
 def test_pruning_looks_again_after_a_tenth_of_the_shortest_window_between_a_second_and_a_minute():
@@ -52,7 +53,7 @@ def test_an_idle_pass_with_nothing_declared_or_in_flight_looks_only_for_ended_wo
         # workers, whose running jobs are taken over within a second.
         assert ran(runner, clock) == {"stale-workers"}
     clock.advance(1_000)  # 5 s after the first pass
-    assert ran(runner, clock) == {"settle", "stale-workers"}
+    assert ran(runner, clock) == {"settle", "expiry", "stale-workers"}
     clock.set(START + 60_000)  # a tenth of an hour is past the one-minute bound: a minute
     assert ran(runner, clock) == EVERY_DUTY
 
@@ -83,7 +84,9 @@ def test_the_settle_sweep_runs_each_second_while_a_workflow_is_in_flight(runner)
     Dependency.objects.update(settled=True)  # the workflow's ends are all counted
     clock.advance(1_000)
     assert ran(runner, clock) == {"settle", "stale-workers"}
-    for _ in range(4):
+    clock.advance(1_000)
+    assert ran(runner, clock) == {"stale-workers", "expiry"}  # at their own pace; the sweep now waits five seconds
+    for _ in range(3):
         clock.advance(1_000)
         assert ran(runner, clock) == {"stale-workers"}  # the sweep now waits five seconds
     clock.advance(1_000)
