@@ -413,30 +413,42 @@ def test_a_queue_is_paused_and_resumed_from_the_queues_page(site):
     site.login("operator")
     site.open("/admin/django_durq/queue/")
     site.wait_for("#durq-queues")
-    site.find('tr[data-queue="fast"] button.durq-pause')[0].click()
+    site.find('tr[data-queue="fast"] a.durq-pause')[0].click()
+    # A confirmation first: what a pause does, and a reason, which is required.
+    site.wait_for("#durq-switch-form")
+    assert site.find("h1")[0].text == "Pause queue “fast”?"
+    assert "2 due jobs wait" in site.find("#content-main")[0].text
+    site.find("#durq-confirm-switch")[0].click()
+    assert site.find("#durq-switch-form") and ops.paused_queues() == {}, "the browser asks for the reason first"
+    site.find('textarea[name="reason"]')[0].send_keys("payment provider outage")
+    site.find("#durq-confirm-switch")[0].click()
     # The page before the click already holds a message list: the unserved-queue warning.
     site.wait_for("ul.messagelist:not(#durq-unserved)")
     assert site.messages() == ["Paused queue “fast”: workers start none of its jobs until it is resumed; running jobs finish."]
     row = site.find('tr[data-queue="fast"]')[0]
-    assert row.text.split()[:3] == ["fast", "Paused", "2"]
-    assert "Paused since" in site.find('tr[data-queue="fast"] .durq-paused')[0].get_attribute("title")
-    assert site.find('tr[data-queue="default"] button.durq-pause'), "the other queues stay as they were"
+    assert row.text.split()[:2] == ["fast", "Paused"]
+    assert "by operator" in row.text and "payment provider outage" in row.text
+    assert site.find('tr[data-queue="default"] a.durq-pause'), "the other queues stay as they were"
     assert set(ops.paused_queues()) == {"fast"}
     assert not site.find("#durq-unserved"), "a paused queue's due jobs are not reported as unserved"
-    site.screenshot("admin-queues-paused.png")
 
     site.login("viewer")
     site.open("/admin/django_durq/queue/")
     site.wait_for("#durq-queues")
     assert "Paused" in site.find('tr[data-queue="fast"]')[0].text
-    assert not site.find("button.durq-pause") and not site.find("button.durq-resume"), "viewing is not pausing"
+    assert not site.find(".durq-pause") and not site.find(".durq-resume"), "viewing is not pausing"
 
     site.login("operator")
     site.open("/admin/django_durq/queue/")
     site.wait_for("#durq-queues")
-    site.find('tr[data-queue="fast"] button.durq-resume')[0].click()
+    site.find('tr[data-queue="fast"] a.durq-resume')[0].click()
+    site.wait_for("#durq-switch-form")
+    assert "payment provider outage" in site.find("#content-main")[0].text, "the pause's reason, before it is undone"
+    site.find('textarea[name="reason"]')[0].send_keys("provider is back")
+    site.find("#durq-confirm-switch")[0].click()
     site.wait_for("ul.messagelist:not(#durq-unserved)")
     assert site.find("ul.messagelist:not(#durq-unserved) li")[0].text == "Resumed queue “fast”: its due jobs start now."
-    assert site.find('tr[data-queue="fast"]')[0].text.split()[:2] == ["fast", "Active"]
+    row = site.find('tr[data-queue="fast"]')[0]
+    assert row.text.split()[:2] == ["fast", "Active"] and "resumed by operator" in row.text
     assert "2 jobs are due in queue “fast”" in site.find("#durq-unserved")[0].text, "resumed, they wait for a worker again"
     assert ops.paused_queues() == {}
