@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -96,7 +96,9 @@ def seed() -> Demo:
     jobs.encode_video.enqueue(video_id=9001, preset="720p")
     ops.pause("slow", reason=PAUSE_REASON, by="ada")
     for order in range(4):
-        jobs.send_receipt.using(run_in=timedelta(minutes=45 + order)).enqueue(order_id=7100 + order, to=f"customer{order}@example.com")
+        jobs.send_receipt.using(run_in=timedelta(minutes=45 + order)).enqueue(
+            order_id=7100 + order, to=f"customer{order}@example.com"
+        )
     for invoice in range(3):
         jobs.charge_card.enqueue(invoice_id=f"INV-{3100 + invoice}", amount_cents=2_500 + invoice)
     return demo
@@ -146,10 +148,10 @@ def _long_error(now: int) -> int:
 
 
 def _schedules(now: int) -> None:
-    """Each schedule declared two hours ago, so that the cron duty's pass now runs the ones that came due."""
-    schedules.sync(schedules.schedules(now), now - 2 * 3_600_000)
-    schedules.tick(now)
-    clock = ManualClock(now)
+    """Each schedule declared two hours ago; the cron duty's pass five minutes ago ran the ones that had come due."""
+    clock = ManualClock(now - 300_000)
+    schedules.sync(schedules.schedules(clock.now_ms()), now - 2 * 3_600_000)
+    schedules.tick(clock.now_ms())
     with use_clock(clock):
         for _ in range(3):
             drain(clock=clock)
@@ -175,15 +177,17 @@ def _history(now: int) -> None:
 
 
 def _workflow(name: str) -> tuple[int, int]:
-    """Scan, three transcodes at once, publish: the scan ran, one transcode runs, publish waits for all three."""
+    """Scan, three transcodes at once, package, publish, notify: the scan ran, one transcode runs, the rest wait."""
     flow = Workflow(name)
-    scan = flow.add(jobs.step, tag="scan")
+    scan = flow.add(jobs.step, tag="scan upload 42")
     encodes = [flow.add(jobs.step, tag=f"transcode video 42 to {p}", after=[scan]) for p in ("1080p", "720p", "480p")]
-    publish = flow.add(jobs.summary, after=encodes)
+    package = flow.add(jobs.summary, after=encodes)
+    publish = flow.add(jobs.step, tag="publish video 42", after=[package])
+    flow.add(jobs.step, tag="notify 1,204 followers", after=[publish])
     flow.enqueue()
     drain(max_jobs=1)
     _claim("default", 1, "web-1:4101:a1b2c1")
-    return flow.row.pk, publish.job.pk
+    return flow.row.pk, package.job.pk
 
 
 def _failed_workflow() -> int:

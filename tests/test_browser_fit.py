@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,15 +29,20 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pyte
 WIDTH, HEIGHT = 1366, 768
 WIDE = 1920
 PLACEHOLDER = re.compile(r"9999-\d\d|\bNone\b|\bnull\b|\bundefined\b|\bNaN\b|1970-01-01|\[object |^Select .* to change")
-DATE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d")
 
 # What the page measures of itself: sideways scrolling, text cut off with nothing to hover, dates
 # wrapped past two lines. Each problem is one line naming the element.
 MEASURE = """
 const problems = [];
-const name = (el) => el.id ? '#' + el.id : el.tagName.toLowerCase() + (el.className && typeof el.className === 'string' ? '.' + el.className.trim().split(/\\s+/).join('.') : '');
+const name = (el) => {
+  if (el.id) return '#' + el.id;
+  const classes = typeof el.className === 'string' ? el.className.trim().split(/\\s+/).filter(Boolean) : [];
+  return [el.tagName.toLowerCase(), ...classes].join('.');
+};
 const root = document.documentElement;
-if (root.scrollWidth > root.clientWidth) problems.push(`the page scrolls sideways: ${root.scrollWidth} px in ${root.clientWidth} px`);
+if (root.scrollWidth > root.clientWidth) {
+  problems.push(`the page scrolls sideways: ${root.scrollWidth} px in ${root.clientWidth} px`);
+}
 const content = document.getElementById('content');
 for (const table of content.querySelectorAll('table')) {
   for (let box = table.parentElement; box && box !== content.parentElement; box = box.parentElement) {
@@ -52,7 +57,9 @@ for (const el of content.querySelectorAll('*')) {
   const style = getComputedStyle(el);
   const cutX = style.overflowX !== 'visible' && el.scrollWidth > el.clientWidth + 1;
   const cutY = style.overflowY === 'hidden' && el.scrollHeight > el.clientHeight + 2;
-  if ((cutX || cutY) && !el.closest('[title]')) problems.push(`${name(el)} is cut off with no title: ${el.textContent.trim().slice(0, 60)}`);
+  if ((cutX || cutY) && !el.closest('[title]')) {
+    problems.push(`${name(el)} is cut off with no title: ${el.textContent.trim().slice(0, 60)}`);
+  }
 }
 const walker = document.createTreeWalker(content, NodeFilter.SHOW_TEXT);
 for (let node = walker.nextNode(); node; node = walker.nextNode()) {
@@ -60,7 +67,9 @@ for (let node = walker.nextNode(); node; node = walker.nextNode()) {
   const range = document.createRange();
   range.selectNodeContents(node);
   const lines = new Set([...range.getClientRects()].map((rect) => Math.round(rect.top)));
-  if (lines.size > 2) problems.push(`"${node.textContent.trim()}" wraps onto ${lines.size} lines in ${name(node.parentElement)}`);
+  if (lines.size > 2) {
+    problems.push(`"${node.textContent.trim()}" wraps onto ${lines.size} lines in ${name(node.parentElement)}`);
+  }
 }
 const shown = [];
 const texts = document.createTreeWalker(content, NodeFilter.SHOW_TEXT);
@@ -80,10 +89,10 @@ def demo() -> Iterator[Demo]:
         yield seed()
 
 
-def set_width(site, width: int, height: int = HEIGHT) -> None:
+def set_width(shown, width: int, height: int = HEIGHT) -> None:
     """The viewport itself at this size (a window's size would include the browser's frame)."""
     metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
-    site.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    shown.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
 
 
 def pages(demo: Demo) -> list[tuple[str, str, str]]:
@@ -114,15 +123,15 @@ def pages(demo: Demo) -> list[tuple[str, str, str]]:
     ]
 
 
-def measure(site, path: str, ready: str) -> dict[str, Any]:
+def measure(shown, path: str, ready: str) -> dict[str, Any]:
     """What MEASURE finds on the page at ``path`` (the browser's get returns once the page has loaded)."""
-    site.open(path)
-    if not site.find(ready):
-        return {"problems": [f"not shown ({site.driver.title})"], "shown": [], "titles": []}
-    return site.driver.execute_script(MEASURE)
+    shown.open(path)
+    if not shown.find(ready):
+        return {"problems": [f"not shown ({shown.driver.title})"], "shown": [], "titles": []}
+    return shown.driver.execute_script(MEASURE)
 
 
-def screenshot(site, name: str) -> None:
+def screenshot(shown, name: str) -> None:
     """Save the page at both widths, as tall as it is (at most 2,400 px), when DURQ_SCREENSHOT_DIR is set."""
     folder = os.environ.get("DURQ_SCREENSHOT_DIR")
     if not folder or not name:
@@ -130,15 +139,15 @@ def screenshot(site, name: str) -> None:
     Path(folder).mkdir(parents=True, exist_ok=True)
     try:
         for width in (WIDTH, WIDE):
-            set_width(site, width)
-            tall = site.driver.execute_script("return document.documentElement.scrollHeight")
-            set_width(site, width, min(max(tall, HEIGHT), 2400))
-            site.driver.save_screenshot(str(Path(folder) / f"{name}-{width}.png"))
+            set_width(shown, width)
+            tall = shown.driver.execute_script("return document.documentElement.scrollHeight")
+            set_width(shown, width, min(max(tall, HEIGHT), 2400))
+            shown.driver.save_screenshot(str(Path(folder) / f"{name}-{width}.png"))
     finally:
-        set_width(site, WIDTH)
+        set_width(shown, WIDTH)
 
 
-def test_every_page_fits_1366_pixels_and_shows_no_placeholder(site, demo):
+def test_every_page_fits_1366_pixels_and_shows_no_placeholder(site, demo):  # noqa: F811 - the fixture
     user("operator", superuser=True)
     site.login("operator")
     set_width(site, WIDTH)
@@ -154,18 +163,18 @@ def test_every_page_fits_1366_pixels_and_shows_no_placeholder(site, demo):
     assert not problems, "\n".join(problems)
 
 
-def row_of(site, job_id: int) -> Any:
-    [box] = site.find(f'#result_list input[name="_selected_action"][value="{job_id}"]')
+def row_of(shown, job_id: int) -> Any:
+    [box] = shown.find(f'#result_list input[name="_selected_action"][value="{job_id}"]')
     return box.find_element("xpath", "./ancestor::tr")
 
 
-def is_grey(site, element: Any) -> bool:
-    colour = site.driver.execute_script("return getComputedStyle(arguments[0]).backgroundColor", element)
+def is_grey(shown, element: Any) -> bool:
+    colour = shown.driver.execute_script("return getComputedStyle(arguments[0]).backgroundColor", element)
     red, green, blue = (int(part) for part in re.findall(r"\d+", colour)[:3])
     return max(red, green, blue) - min(red, green, blue) < 40
 
 
-def test_each_state_is_shown_with_its_reason_on_the_lists_and_the_detail_pages(site, demo):
+def test_each_state_is_shown_with_its_reason_on_the_lists_and_the_detail_pages(site, demo):  # noqa: F811 - the fixture
     user("operator", superuser=True)
     site.login("operator")
     set_width(site, WIDTH)
@@ -211,7 +220,7 @@ def test_each_state_is_shown_with_its_reason_on_the_lists_and_the_detail_pages(s
     assert "Finished" in outcomes["feed-refresh"] and "Dead" in outcomes["card-sweep"] and "never" in outcomes["nightly-report"]
 
 
-def test_the_buttons_that_act_look_like_buttons_and_the_last_error_is_readable(site, demo):
+def test_the_buttons_that_act_look_like_buttons_and_the_last_error_is_readable(site, demo):  # noqa: F811 - the fixture
     user("operator", superuser=True)
     site.login("operator")
     set_width(site, WIDTH)

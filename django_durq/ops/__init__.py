@@ -10,7 +10,7 @@ concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.pausing`, :mod:`
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
 from .formatting import format_age, local_time
 from .limits import KeyAtLimit, LimitUsage, limit_usage
-from .pausing import pause, paused_queues, resume
+from .pausing import QueueSwitch, pause, paused_queues, queue_switches, resume
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
 from .workflows import (
@@ -36,6 +36,7 @@ __all__ = [
     "LimitUsage",
     "NoSuchWorkflow",
     "QueueStats",
+    "QueueSwitch",
     "RetryResult",
     "Selection",
     "WorkflowDetail",
@@ -54,6 +55,7 @@ __all__ = [
     "paused_queues",
     "purge",
     "queue_names",
+    "queue_switches",
     "recent",
     "resume",
     "retry",
