@@ -82,11 +82,15 @@ class WorkflowAdmin(admin.ModelAdmin):
         reader = StateReader(members, now_ms=now)
         states = {job.pk: reader.of(job) for job in members}
         graph = layout(detail)
+        names = {job.pk: job.name for job in members}
         for node in graph.get("nodes", []):
             # A box is drawn in the state its job is shown in: orphaned, held or paused too.
             shown = states[node.job_id]
             node.meta = node.meta.replace(f" · {node.status} · ", f" · {shown.label.lower()} · ", 1)
             node.status = shown.key
+            because = f": {shown.reason}" if shown.reason else ""
+            before = " (queued before this workflow)" if node.external else ""
+            node.title = f"{names[node.job_id]} #{node.job_id}: {shown.label.lower()}{because}{before}"
         context = {
             **self.admin_site.each_context(request),
             "title": f"Workflow {summary.name}",
