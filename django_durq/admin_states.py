@@ -101,14 +101,15 @@ class StateReader:
         if job.claimed_by in self.live:
             return ShownState("running", "Running", f"on {job.claimed_by}{stop}")
         row = self.ended.get(job.claimed_by)
-        if row is None:
-            gone = "is gone (its row was removed)"
+        if not job.claimed_by:
+            gone = "no worker holds it"
+        elif row is None:
+            gone = f"its worker {job.claimed_by} is gone (its row was removed)"
         elif row.holds_lock:
-            gone = "has ended (its presence lock was released)"
+            gone = f"its worker {job.claimed_by} has ended (its presence lock is no longer held)"
         else:
-            gone = f"was last seen {age(self.now - row.last_seen_ms)} ago"
-        worker = job.claimed_by or "(none)"
-        return ShownState("orphaned", "Orphaned", f"its worker {worker} {gone}: nothing runs it; another worker takes it over")
+            gone = f"its worker {job.claimed_by} was last seen {age(self.now - row.last_seen_ms)} ago"
+        return ShownState("orphaned", "Orphaned", f"{gone}: nothing runs it; another worker takes it over")
 
     def _waiting(self, job: Job) -> ShownState:
         switch = self.switches.get(job.queue)
