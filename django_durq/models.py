@@ -323,6 +323,11 @@ class QueueControl(models.Model):
     paused_ms = models.BigIntegerField(null=True, blank=True, help_text="When it was paused.")
     limited = models.BooleanField(default=False, help_text="A job with a limit was queued here: claims take turns.")
     updated_ms = models.BigIntegerField()
+    # The last pause or resume, as an operator gave it (ops.pause, ops.resume): when, who and why.
+    # NULL on a row no operator switched; nullable, so that adding them rewrites no table.
+    switched_ms = models.BigIntegerField(null=True, blank=True, help_text="When it was last paused or resumed.")
+    switched_by = models.CharField(max_length=150, null=True, blank=True, help_text="Who paused or resumed it last.")
+    switch_reason = models.CharField(max_length=500, null=True, blank=True, help_text="Why, in their words.")
 
     class Meta:
         db_table = "durq_queue_control"

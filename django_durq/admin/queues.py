@@ -1,27 +1,30 @@
-"""The admin's Queues page: per-queue counts, oldest wait, live workers, the last hour's throughput, pause and resume."""
+"""The admin's Queues page: counts and oldest wait per queue, the hosts serving it, the last hour's throughput, pausing."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 from django.utils.translation import ngettext
 
 from .. import ops
 from ..clock import ms_to_datetime, now_ms
-from ..handlers.options import check_queue
-from ..models import Queue
+from ..models import Queue, WorkerProcess
 from ..ops import format_age as age
 from ..ops import local_time as when
 from ..ops.stats import COUNT_CAP
+from .cells import short_time
 from .pages import breadcrumbs
+from .states import orphans_by_queue
+from .switches import switch_view
 
 
 @admin.register(Queue)
@@ -51,40 +54,20 @@ class QueueAdmin(admin.ModelAdmin):
         ]
 
     def pause_view(self, request: HttpRequest) -> HttpResponse:
-        return self._switch(request, pausing=True)
+        return switch_view(self, request, pausing=True, permitted=self.has_pause_permission(request))
 
     def resume_view(self, request: HttpRequest) -> HttpResponse:
-        return self._switch(request, pausing=False)
-
-    def _switch(self, request: HttpRequest, pausing: bool) -> HttpResponse:
-        """Pause or resume the queue named in the POST, then back to the Queues page with what happened."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not self.has_pause_permission(request):
-            raise PermissionDenied
-        queue = request.POST.get("queue", "")
-        try:
-            check_queue(queue)
-        except ValueError as error:
-            return HttpResponseBadRequest(str(error))
-        if pausing:
-            done = ops.pause(queue)
-            text = (
-                f"Paused queue “{queue}”: workers start none of its jobs until it is resumed; running jobs finish."
-                if done
-                else f"Queue “{queue}” was already paused."
-            )
-        else:
-            done = ops.resume(queue)
-            text = f"Resumed queue “{queue}”: its due jobs start now." if done else f"Queue “{queue}” was not paused."
-        self.message_user(request, text, messages.SUCCESS if done else messages.INFO)
-        return HttpResponseRedirect(reverse("admin:django_durq_queue_changelist"))
+        return switch_view(self, request, pausing=False, permitted=self.has_pause_permission(request))
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
         now = now_ms()
         rows = ops.stats(now_ms=now, count_cap=COUNT_CAP)
+        live = ops.live_workers(now_ms=now)
+        served = serving(live)
+        orphaned = orphans_by_queue(worker.worker_id for worker in live)
+        switches = ops.queue_switches()
         workers = [
             {
                 "worker": worker,
@@ -92,7 +75,7 @@ class QueueAdmin(admin.ModelAdmin):
                 "started": when(worker.started_ms),
                 "seen": age(now - worker.last_seen_ms),
             }
-            for worker in ops.live_workers(now_ms=now)
+            for worker in live
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -103,8 +86,12 @@ class QueueAdmin(admin.ModelAdmin):
                 {
                     "stats": row,
                     "oldest": age(row.oldest_wait_ms),
-                    "paused_since": when(row.paused_ms),
-                    **{state: _capped(getattr(row, state)) for state in ("waiting", "delayed", "running", "dead")},
+                    "switch": switches.get(row.queue),
+                    "switched": when(switches[row.queue].at_ms) if row.queue in switches else "",
+                    "switched_short": short_time(switches[row.queue].at_ms, now) if row.queue in switches else "",
+                    "served": served.get(row.queue),
+                    "orphaned": orphaned.get(row.queue, 0),
+                    **{state: _capped(getattr(row, state)) for state in ("waiting", "delayed", "blocked", "running", "dead")},
                 }
                 for row in rows
             ],
@@ -118,6 +105,24 @@ class QueueAdmin(admin.ModelAdmin):
             "now": when(now),
         }
         return TemplateResponse(request, "admin/django_durq/queue/dashboard.html", context)
+
+
+def serving(workers: list[WorkerProcess]) -> dict[str, dict[str, Any]]:
+    """Per queue, the hosts whose live workers serve it (each with its workers' ids), and their processes and slots."""
+    hosts: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    slots: dict[str, int] = defaultdict(int)
+    for worker in workers:
+        for queue, size in ops.worker_queues(worker).items():
+            hosts[queue][worker.host].append(worker.worker_id)
+            slots[queue] += size
+    return {
+        queue: {
+            "hosts": [{"host": host, "count": len(ids), "ids": ", ".join(ids)} for host, ids in sorted(by_host.items())],
+            "processes": sum(len(ids) for ids in by_host.values()),
+            "slots": slots[queue],
+        }
+        for queue, by_host in hosts.items()
+    }
 
 
 def unserved_warning(queue: str, count: int) -> str:

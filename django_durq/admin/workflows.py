@@ -17,12 +17,13 @@ from django.urls import URLPattern, path, reverse
 from django.utils.text import Truncator
 
 from .. import ops
+from ..clock import now_ms
 from ..models import Job, Workflow
-from ..ops import local_time as when
+from .cells import breakable, short_time
 from .input import parse_job_id, refusing_nul
-from .jobs import error_history
 from .messages import report_cancel, report_retry
 from .pages import breadcrumbs, changelist_crumb
+from .states import ShownState, StateReader, last_error
 from .workflow_graph import layout
 
 PAGE_SIZE = 50
@@ -57,12 +58,14 @@ class WorkflowAdmin(admin.ModelAdmin):
             raise PermissionDenied
         before = parse_job_id(request.GET.get("before", ""))
         rows = ops.workflows(limit=PAGE_SIZE + 1, before=before)
+        now = now_ms()
         context = {
             **self.admin_site.each_context(request),
             "title": "Workflows",
             "opts": self.opts,
             **breadcrumbs(self.opts, (None, "Workflows")),
-            "rows": [_row(summary) for summary in rows[:PAGE_SIZE]],
+            "rows": [_row(summary, now) for summary in rows[:PAGE_SIZE]],
+            "statuses": STATUSES,
             "older": rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None,
             "newest": before is not None,
         }
@@ -74,14 +77,28 @@ class WorkflowAdmin(admin.ModelAdmin):
         detail = _detail(object_id)
         summary = detail.summary
         can_change = self.has_change_permission(request)
+        now = now_ms()
+        members = [*detail.external, *detail.jobs]
+        reader = StateReader(members, now_ms=now)
+        states = {job.pk: reader.of(job) for job in members}
+        graph = layout(detail)
+        names = {job.pk: job.name for job in members}
+        for node in graph.get("nodes", []):
+            # A box is drawn in the state its job is shown in: orphaned, held or paused too.
+            shown = states[node.job_id]
+            node.meta = node.meta.replace(f" · {node.status} · ", f" · {shown.label.lower()} · ", 1)
+            node.status = shown.key
+            because = f": {shown.reason}" if shown.reason else ""
+            before = " (queued before this workflow)" if node.external else ""
+            node.title = f"{names[node.job_id]} #{node.job_id}: {shown.label.lower()}{because}{before}"
         context = {
             **self.admin_site.each_context(request),
             "title": f"Workflow {summary.name}",
             "opts": self.opts,
             **breadcrumbs(self.opts, changelist_crumb(Workflow), (None, Truncator(f"{summary.name} #{summary.id}").chars(60))),
-            "summary": _row(summary),
-            "graph": layout(detail),
-            "members": [_member(job, detail) for job in [*detail.external, *detail.jobs]],
+            "summary": _row(summary, now),
+            "graph": graph,
+            "members": [_member(job, detail, states[job.pk], now) for job in members],
             "can_cancel": can_change and summary.state == "running",
             "can_retry": can_change and bool(summary.counts.get("dead") or summary.counts.get("cancelled")),
         }
@@ -120,32 +137,31 @@ def _detail(object_id: str) -> ops.WorkflowDetail:
         raise Http404(f"No workflow {object_id!r} here: it never existed, or it was pruned with its jobs.") from None
 
 
-def _row(summary: ops.WorkflowSummary) -> dict[str, Any]:
+def _row(summary: ops.WorkflowSummary, now: int) -> dict[str, Any]:
     return {
         "summary": summary,
         "counts": [(status, summary.counts.get(status, 0)) for status in STATUSES],
         "in_words": ", ".join(f"{summary.counts[status]} {status}" for status in STATUSES if summary.counts.get(status)),
-        "created": when(summary.created_ms),
-        "ended": when(summary.last_ended_ms) if summary.state != "running" else "-",
+        "created": short_time(summary.created_ms, now),
+        "ended": short_time(summary.last_ended_ms, now) if summary.state != "running" else "-",
         "url": reverse("admin:django_durq_workflow_change", args=[summary.id]),
     }
 
 
-def _member(job: Job, detail: ops.WorkflowDetail) -> dict[str, Any]:
-    history = error_history(job)
-    last = history[-1] if history else None
-    error = f"{last['type']}: {last.get('message', '')}" if last and last.get("type") else (last or {}).get("message", "")
+def _member(job: Job, detail: ops.WorkflowDetail, state: ShownState, now: int) -> dict[str, Any]:
     done, total = job.progress_done, job.progress_total
+    error = last_error(job)
     return {
         "job": job,
+        "name": breakable(job.name),
+        "state": state,
         "external": job.workflow_id != detail.summary.id,
         "waits_for": detail.upstream(job.pk),
         "dependents": detail.downstream(job.pk),
         "progress": None if done is None else (f"{done} / {total}" if total else str(done)),
-        "created": when(job.created_ms),
-        "started": when(job.started_ms),
-        "finished": when(job.finished_ms),
-        "result": Truncator(job.result).chars(80) if job.result is not None else "",
-        "error": Truncator(error).chars(160),
-        "error_full": Truncator(error).chars(2000),
+        "started": short_time(job.started_ms, now),
+        "finished": short_time(job.finished_ms, now),
+        # One line in the table, the whole value on hover and on the job's page.
+        "result": Truncator(job.result).chars(2000) if job.result is not None else "",
+        "error": Truncator(error).chars(2000) if job.status != "finished" else "",
     }

@@ -11,7 +11,7 @@ from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, pur
 from .formatting import format_age, local_time
 from .limits import KeyAtLimit, LimitUsage, limit_usage
 from .orphans import Orphan, ended_workers, orphaned
-from .pausing import pause, paused_queues, resume
+from .pausing import QueueSwitch, pause, paused_queues, queue_switches, resume
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
 from .workflows import (
@@ -38,6 +38,7 @@ __all__ = [
     "NoSuchWorkflow",
     "Orphan",
     "QueueStats",
+    "QueueSwitch",
     "RetryResult",
     "Selection",
     "WorkflowDetail",
@@ -58,6 +59,7 @@ __all__ = [
     "paused_queues",
     "purge",
     "queue_names",
+    "queue_switches",
     "recent",
     "resume",
     "retry",

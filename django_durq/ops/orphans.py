@@ -4,7 +4,8 @@ A worker's presence lock is released the moment its process ends (on PostgreSQL 
 its database session): from then until the maintenance leader takes its jobs over (within a
 second while a worker runs; see ``worker/takeover.py``), or their leases run out, each is
 *orphaned*: its row still says ``running``, and these functions say which worker it was left by.
-A job whose worker holds no lock (heartbeat rows) is not judged here: its lease decides.
+A worker that holds no lock (heartbeat rows) has ended once it missed its heartbeats; its jobs
+then come back through their leases.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..clock import ms_to_datetime
-from ..db import presence
-from ..db.presence import Liveness
-from ..models import WorkerProcess
-from .reading import alias_of, jobs_on
+from .reading import alias_of, jobs_on, live_workers
 
 # The most orphaned jobs the health view lists.
 LISTED = 100
@@ -41,16 +39,17 @@ class Orphan:
         }
 
 
-def ended_workers(worker_ids: list[str], *, using: str | None = None) -> set[str]:
-    """Which of these workers have ended by what their locks say: released, where their rows say they hold one."""
-    alias = alias_of(using)
-    ids = sorted(set(worker_ids))
+def ended_workers(worker_ids: list[str], *, now_ms: int | None = None, using: str | None = None) -> set[str]:
+    """Which of these workers are not alive: the rule of ``live_workers()``, which the Queues page and
+    ``durq stats`` count by too.
+
+    A worker writes its row before its first claim, and its row is removed only once it has ended
+    (its presence lock released, or its heartbeats stopped), so a worker without a row has ended.
+    """
+    ids = set(worker_ids) - {""}
     if not ids:
         return set()
-    holds = dict(WorkerProcess.objects.using(alias).filter(worker_id__in=ids).values_list("worker_id", "holds_lock"))
-    # A worker without a row is not judged: a test's drain(), or a row an operator deleted.
-    states = presence.states(alias, {worker_id: holds.get(worker_id, False) for worker_id in ids})
-    return {worker_id for worker_id, state in states.items() if state is Liveness.RELEASED}
+    return ids - {worker.worker_id for worker in live_workers(now_ms=now_ms, using=alias_of(using))}
 
 
 def orphaned(*, limit: int = LISTED, using: str | None = None) -> list[Orphan]:

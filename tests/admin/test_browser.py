@@ -1,7 +1,7 @@
 """The admin in headless Chromium: dead letters (retry, purge), the Queues page (pause, resume), permissions, escaping.
 
 Uses Debian's ``chromium`` and ``chromium-driver`` through Selenium; one browser for the session.
-Set ``DURQ_SCREENSHOT_DIR`` to save the pages shown in the docs (``docs/img``).
+The screenshots in the docs are made by ``tests/admin/test_browser_fit.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,23 +137,6 @@ class Site:
             return True
         return False
 
-    def screenshot(self, name: str, height: int = 860) -> None:
-        """Save the page for the docs, the navigation sidebar folded away, when DURQ_SCREENSHOT_DIR is set."""
-        folder = os.environ.get("DURQ_SCREENSHOT_DIR")
-        if not folder:
-            return
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        toggle = self.find("#main.shifted #toggle-nav-sidebar")
-        if toggle:
-            toggle[0].click()
-        self.driver.set_window_size(1280, height)
-        try:
-            self.driver.save_screenshot(str(Path(folder) / name))
-        finally:
-            self.driver.set_window_size(1280, 860)
-            if toggle:
-                toggle[0].click()
-
 
 def user(username: str, *codenames: str, superuser: bool = False) -> User:
     if superuser:
@@ -192,7 +174,6 @@ def test_dead_letters_retry_and_purge(site):
     assert sorted(site.listed_ids()) == [job.pk for job in letters]
     table = site.find("#result_list")[0].text
     assert "RuntimeError: ffmpeg exited with status 1" in table and "3 of 3" in table
-    site.screenshot("admin-dead-letters.png")
 
     retried, purged = letters[0], letters[1]
     site.run_action("retry_selected", [retried.pk])
@@ -237,6 +218,9 @@ def test_a_script_payload_is_shown_as_text(site):
         assert not site.driver.execute_script("return [...document.scripts].some(s => s.text.includes('alert(1)'))")
 
 
+LIVE_SLOW = "web-2:4102:a1b2c2"  # the worker below that serves "slow", holding its running job
+
+
 def test_queues_page_shows_counts_workers_and_the_chart(site):
     user("operator", superuser=True)
     now = now_ms()
@@ -263,7 +247,7 @@ def test_queues_page_shows_counts_workers_and_the_chart(site):
         [Job(name="billing.charge_card", queue="default", run_at_ms=now - 1_000 * i, **base) for i in range(1, 13)]
         + [Job(name="video.encode", queue="slow", run_at_ms=now - 95_000, **base)]
         + [Job(name="email.send_receipt", queue="fast", run_at_ms=now + 3_600_000, **base) for _ in range(4)]
-        + [Job(name="video.encode", queue="slow", status="running", run_at_ms=now - 200_000, **base)]
+        + [Job(name="video.encode", queue="slow", status="running", run_at_ms=now - 200_000, claimed_by=LIVE_SLOW, **base)]
     )
     for number, queues in ((1, {"default": 4, "fast": 2}), (2, {"default": 4, "slow": 1})):
         WorkerProcess.objects.create(
@@ -280,15 +264,15 @@ def test_queues_page_shows_counts_workers_and_the_chart(site):
     site.wait_for("#durq-queues")
     rows = {row.get_attribute("data-queue"): row.text for row in site.find("#durq-queues tbody tr")}
     assert set(rows) >= {"default", "fast", "slow"}
-    assert rows["default"].split()[:6] == ["default", "Active", "12", "0", "0", "2"]
-    assert rows["slow"].split()[:6] == ["slow", "Active", "1", "0", "1", "2"]
+    # Queue, state, waiting, delayed, blocked, running, dead.
+    assert rows["default"].split()[:7] == ["default", "Active", "12", "0", "0", "0", "2"]
+    assert rows["slow"].split()[:7] == ["slow", "Active", "1", "0", "0", "1", "2"]
     assert len(site.find("#durq-throughput rect.durq-finished")) == 60
     assert len(site.find("#durq-throughput rect.durq-failed")) > 0
     stats = {row.queue: row for row in ops.stats()}
     total = sum(row.finished_last_hour for row in stats.values())
     assert abs(int(site.find("#durq-finished-total")[0].text) - total) <= 200  # the hour window moves on
     assert "web-1:4101:a1b2c1" in site.find("#durq-workers")[0].text
-    site.screenshot("admin-queues.png", height=1000)
 
 
 def test_without_permission_there_is_nothing_to_act_with(site):
@@ -413,30 +397,42 @@ def test_a_queue_is_paused_and_resumed_from_the_queues_page(site):
     site.login("operator")
     site.open("/admin/django_durq/queue/")
     site.wait_for("#durq-queues")
-    site.find('tr[data-queue="fast"] button.durq-pause')[0].click()
+    site.find('tr[data-queue="fast"] a.durq-pause')[0].click()
+    # A confirmation first: what a pause does, and a reason, which is required.
+    site.wait_for("#durq-switch-form")
+    assert site.find("h1")[0].text == "Pause queue “fast”?"
+    assert "2 due jobs wait" in site.find("#content-main")[0].text
+    site.find("#durq-confirm-switch")[0].click()
+    assert site.find("#durq-switch-form") and ops.paused_queues() == {}, "the browser asks for the reason first"
+    site.find('textarea[name="reason"]')[0].send_keys("payment provider outage")
+    site.find("#durq-confirm-switch")[0].click()
     # The page before the click already holds a message list: the unserved-queue warning.
     site.wait_for("ul.messagelist:not(#durq-unserved)")
     assert site.messages() == ["Paused queue “fast”: workers start none of its jobs until it is resumed; running jobs finish."]
     row = site.find('tr[data-queue="fast"]')[0]
-    assert row.text.split()[:3] == ["fast", "Paused", "2"]
-    assert "Paused since" in site.find('tr[data-queue="fast"] .durq-paused')[0].get_attribute("title")
-    assert site.find('tr[data-queue="default"] button.durq-pause'), "the other queues stay as they were"
+    assert row.text.split()[:2] == ["fast", "Paused"]
+    assert "by operator" in row.text and "payment provider outage" in row.text
+    assert site.find('tr[data-queue="default"] a.durq-pause'), "the other queues stay as they were"
     assert set(ops.paused_queues()) == {"fast"}
     assert not site.find("#durq-unserved"), "a paused queue's due jobs are not reported as unserved"
-    site.screenshot("admin-queues-paused.png")
 
     site.login("viewer")
     site.open("/admin/django_durq/queue/")
     site.wait_for("#durq-queues")
     assert "Paused" in site.find('tr[data-queue="fast"]')[0].text
-    assert not site.find("button.durq-pause") and not site.find("button.durq-resume"), "viewing is not pausing"
+    assert not site.find(".durq-pause") and not site.find(".durq-resume"), "viewing is not pausing"
 
     site.login("operator")
     site.open("/admin/django_durq/queue/")
     site.wait_for("#durq-queues")
-    site.find('tr[data-queue="fast"] button.durq-resume')[0].click()
+    site.find('tr[data-queue="fast"] a.durq-resume')[0].click()
+    site.wait_for("#durq-switch-form")
+    assert "payment provider outage" in site.find("#content-main")[0].text, "the pause's reason, before it is undone"
+    site.find('textarea[name="reason"]')[0].send_keys("provider is back")
+    site.find("#durq-confirm-switch")[0].click()
     site.wait_for("ul.messagelist:not(#durq-unserved)")
     assert site.find("ul.messagelist:not(#durq-unserved) li")[0].text == "Resumed queue “fast”: its due jobs start now."
-    assert site.find('tr[data-queue="fast"]')[0].text.split()[:2] == ["fast", "Active"]
+    row = site.find('tr[data-queue="fast"]')[0]
+    assert row.text.split()[:2] == ["fast", "Active"] and "resumed by operator" in row.text
     assert "2 jobs are due in queue “fast”" in site.find("#durq-unserved")[0].text, "resumed, they wait for a worker again"
     assert ops.paused_queues() == {}

@@ -44,7 +44,6 @@ def test_a_workflow_page_draws_the_graph_and_cancels_the_workflow(site):  # noqa
     assert fill == "rgb(223, 240, 216)"  # finished: green
     assert len(site.find("svg#durq-graph path.durq-edge")) == 6
     assert "#" + str(publish.job.pk) in boxes[publish.job.pk].text and "0/5 attempts" in boxes[publish.job.pk].text
-    site.screenshot("admin-workflow.png", height=760)
 
     site.find("#durq-cancel-workflow")[0].click()
     site.wait_for("ul.messagelist")

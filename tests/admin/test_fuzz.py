@@ -129,3 +129,12 @@ def test_monitoring_views_answer_malformed_requests(settings, check):
                         check(response, f"GET {url} with Authorization {header!r}")
                 assert client.post(url, {"q": value}, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 405
     check.assert_all_sensible()
+
+
+def test_pause_and_resume_answer_malformed_queues_and_reasons(superuser, check):
+    for url in (f"{BASE}queue/pause/", f"{BASE}queue/resume/"):
+        for value in MALFORMED:
+            check(superuser.get(url, {"queue": value}), f"GET {url}?queue={value!r}")
+            check(superuser.post(url, {"queue": value, "reason": "maintenance"}), f"POST {url} queue={value!r}")
+            check(superuser.post(url, {"queue": "fast", "reason": value}), f"POST {url} reason={value!r}")
+    check.assert_all_sensible()

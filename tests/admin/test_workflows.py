@@ -72,6 +72,7 @@ def test_the_list_shows_each_workflow_with_its_state_and_counts(superuser):
     rows = re.findall(r'<tr data-workflow="(\d+)">.*?class="durq-status durq-wf-(\w+)"', response.content.decode(), re.S)
     assert rows == [(str(running.row.pk), "running"), (str(failed.row.pk), "failed")]
     assert "0 · 0 · 0 · 1 · 4" in re.sub(r"<[^>]+>", "", page_text)  # the failed one: 1 dead, 4 cancelled with it
+    assert "Waiting · blocked · running · finished · dead · cancelled" in page_text, "each count named in the header"
     assert f'href="{page(running.row.pk)}"' in response.content.decode()
 
 

@@ -59,7 +59,7 @@ def test_a_blocked_job_is_shown_as_a_state_of_its_own_never_as_delayed():
     admin = Client()
     admin.force_login(User.objects.create_superuser("root"))
     page = admin.get("/admin/django_durq/job/").content.decode()
-    assert "Blocked (waiting for 2 upstream)" in page and "Blocked (waiting for 1 upstream)" in page
+    assert "waiting for 2 upstream jobs to end" in page and "waiting for 1 upstream job to end" in page
 
 
 @pytest.mark.django_db

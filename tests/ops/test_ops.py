@@ -66,10 +66,18 @@ def ended_worker(worker_id: str) -> str:
 def test_running_jobs_whose_worker_ended_are_orphaned_with_their_worker_and_lease():
     gone = ended_worker("gone:1:aaaaaa")
     orphan = make_job("running", claimed_by=gone, lease_expires_ms=NOW + 30_000)
-    make_job("running", claimed_by="drain:1:1", lease_expires_ms=NOW + 30_000)  # no row: its lease decides
-    assert [(o.id, o.worker, o.lease_expires_ms) for o in ops.orphaned()] == [(orphan.pk, gone, NOW + 30_000)]
-    report = ops.health(now_ms=NOW)
-    assert [(o["id"], o["worker"]) for o in report["orphaned_jobs"]] == [(orphan.pk, gone)]
+    # A worker writes its row before its first claim and its row goes only once it ended: no row, no worker.
+    rowless = make_job("running", claimed_by="removed:1:1", lease_expires_ms=NOW + 40_000)
+    WorkerProcess.objects.create(  # alive by its heartbeats: its job is not orphaned
+        worker_id="beating:1:1", host="h", pid=1, queues='{"default": 1}', started_ms=now_ms(), last_seen_ms=now_ms()
+    )
+    make_job("running", claimed_by="beating:1:1", lease_expires_ms=NOW + 30_000)
+    assert [(o.id, o.worker, o.lease_expires_ms) for o in ops.orphaned()] == [
+        (orphan.pk, gone, NOW + 30_000),
+        (rowless.pk, "removed:1:1", NOW + 40_000),
+    ]
+    report = ops.health(now_ms=now_ms())
+    assert [(o["id"], o["worker"]) for o in report["orphaned_jobs"]] == [(orphan.pk, gone), (rowless.pk, "removed:1:1")]
     assert report["orphaned_jobs"][0]["lease_expires_at"].startswith("2027-01-15T08:00:30")
 
 

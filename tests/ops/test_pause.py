@@ -237,18 +237,18 @@ def test_the_queues_page_pauses_and_resumes():
     admin = Client()
     admin.force_login(User.objects.create_superuser("root"))
     page = admin.get("/admin/django_durq/queue/").content.decode()
-    assert 'action="/admin/django_durq/queue/pause/"' in page and "durq-paused" not in page
+    assert 'href="/admin/django_durq/queue/pause/?queue=fast"' in page and "durq-paused" not in page
 
-    response = admin.post("/admin/django_durq/queue/pause/", {"queue": "fast"}, follow=True)
+    response = admin.post("/admin/django_durq/queue/pause/", {"queue": "fast", "reason": "provider outage"}, follow=True)
     assert response.redirect_chain == [("/admin/django_durq/queue/", 302)]
     page = response.content.decode()
     assert "Paused queue “fast”: workers start none of its jobs until it is resumed; running jobs finish." in page
-    assert 'class="durq-status durq-paused"' in page and 'class="button durq-resume"' in page
+    assert 'class="durq-status durq-paused"' in page and 'href="/admin/django_durq/queue/resume/?queue=fast"' in page
     assert set(ops.paused_queues()) == {"fast"}
 
-    page = admin.post("/admin/django_durq/queue/pause/", {"queue": "fast"}, follow=True).content.decode()
+    page = admin.post("/admin/django_durq/queue/pause/", {"queue": "fast", "reason": "again"}, follow=True).content.decode()
     assert "Queue “fast” was already paused." in page
-    page = admin.post("/admin/django_durq/queue/resume/", {"queue": "fast"}, follow=True).content.decode()
+    page = admin.post("/admin/django_durq/queue/resume/", {"queue": "fast", "reason": "back"}, follow=True).content.decode()
     assert "Resumed queue “fast”: its due jobs start now." in page
     assert ops.paused_queues() == {}
 
@@ -257,21 +257,21 @@ def test_the_queues_page_pauses_and_resumes():
 def test_the_queues_page_refuses_what_it_should():
     admin = Client()
     admin.force_login(User.objects.create_superuser("root"))
-    assert admin.get("/admin/django_durq/queue/pause/?queue=fast").status_code == 405
-    assert admin.post("/admin/django_durq/queue/pause/", {"queue": "a:b"}).status_code == 400
-    assert admin.post("/admin/django_durq/queue/resume/", {}).status_code == 400
+    assert admin.get("/admin/django_durq/queue/pause/?queue=fast").status_code == 200, "the confirmation"
+    assert admin.post("/admin/django_durq/queue/pause/", {"queue": "a:b", "reason": "x"}).status_code == 400
+    assert admin.post("/admin/django_durq/queue/resume/", {"reason": "x"}).status_code == 400
 
     viewer = staff("viewer", "view_queue")
     page = viewer.get("/admin/django_durq/queue/").content.decode()
     assert "durq-pause" not in page and "/queue/pause/" not in page
-    assert viewer.post("/admin/django_durq/queue/pause/", {"queue": "fast"}).status_code == 403
+    assert viewer.post("/admin/django_durq/queue/pause/", {"queue": "fast", "reason": "x"}).status_code == 403
 
     changer = staff("changer", "view_queue", "change_queue")
-    assert changer.post("/admin/django_durq/queue/pause/", {"queue": "fast"}).status_code == 302
+    assert changer.post("/admin/django_durq/queue/pause/", {"queue": "fast", "reason": "x"}).status_code == 302
 
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(User.objects.get(username="root"))
-    assert strict.post("/admin/django_durq/queue/resume/", {"queue": "fast"}).status_code == 403, "no CSRF token"
+    assert strict.post("/admin/django_durq/queue/resume/", {"queue": "fast", "reason": "x"}).status_code == 403, "no CSRF"
     assert set(ops.paused_queues()) == {"fast"}
 
 

@@ -8,6 +8,7 @@ named jobs alone says which and why, and exits with status 1.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import re
 from typing import Any, NoReturn
@@ -19,6 +20,7 @@ from ... import ops
 from ...clock import now_ms
 from ...conf import get_settings
 from ...models import Job
+from ...ops.pausing import check_words
 from ...schedules import format_schedules
 from .. import job_output
 from ..limits_cli import show_limits
@@ -64,6 +66,21 @@ def duration_ms(text: str) -> int:
     if ms > MAX_DURATION_MS:
         raise argparse.ArgumentTypeError(f"{text!r} is longer than 100 years")
     return ms
+
+
+def reason_text(text: str) -> str:
+    try:
+        return check_words(text, "")[0]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def operator() -> str:
+    """Who runs this command, for the record of a pause or a resume."""
+    try:
+        return f"{getpass.getuser()} (manage.py durq)"
+    except (OSError, KeyError):  # no user name in the environment or the password database
+        return "manage.py durq"
 
 
 def queue_name(text: str) -> str:
@@ -119,9 +136,11 @@ class Command(WorkflowCommands, BaseCommand):
 
         pause = commands.add_parser("pause", help="Start no more jobs of these queues, on any worker; running jobs finish.")
         pause.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE", help="Queue names.")
+        pause.add_argument("--reason", type=reason_text, default="", help="Why, recorded with who and when.")
 
         resume = commands.add_parser("resume", help="Start jobs of these paused queues again, at once.")
         resume.add_argument("queues", nargs="+", type=queue_name, metavar="QUEUE", help="Queue names.")
+        resume.add_argument("--reason", type=reason_text, default="", help="Why, recorded with who and when.")
 
         commands.add_parser("schedules", help="Cron schedules with their last and next due time.")
 
@@ -336,11 +355,14 @@ class Command(WorkflowCommands, BaseCommand):
         now = now_ms()
         known = set(ops.queue_names())
         for queue in dict.fromkeys(options["queues"]):
-            if ops.pause(queue, now_ms=now):
+            if ops.pause(queue, now_ms=now, reason=options["reason"], by=operator()):
                 self.stdout.write(f"Paused queue {queue!r}: workers start none of its jobs; running jobs finish.")
             else:
-                since = ops.local_time(ops.paused_queues().get(queue))
-                self.stdout.write(f"Queue {queue!r} was already paused (since {since}).")
+                switch = ops.queue_switches().get(queue)
+                by = f" by {switch.by}" if switch and switch.by else ""
+                why = f": {switch.reason}" if switch and switch.reason else ""
+                since = ops.local_time(switch.at_ms if switch else None)
+                self.stdout.write(f"Queue {queue!r} was already paused (since {since}{by}{why}).")
             if queue not in known:
                 # Allowed (a queue may be paused before its first job), but more often a typo.
                 self.stderr.write(
@@ -350,7 +372,7 @@ class Command(WorkflowCommands, BaseCommand):
     def do_resume(self, options: dict[str, Any]) -> None:
         now = now_ms()
         for queue in dict.fromkeys(options["queues"]):
-            if ops.resume(queue, now_ms=now):
+            if ops.resume(queue, now_ms=now, reason=options["reason"], by=operator()):
                 self.stdout.write(f"Resumed queue {queue!r}: its due jobs start now.")
             else:
                 self.stdout.write(f"Queue {queue!r} was not paused.")
