@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_durq.clock import ManualClock, now_ms, use_clock
+from django_durq.clock import ManualClock, use_clock
 from django_durq.models import Job, QueueStat, WorkerProcess
 from tests.conftest import run_command
 from tests.ops.test_ops import DAY, NOW, ended_worker, make_job
@@ -190,7 +190,7 @@ def test_bad_input_from_the_shell_is_one_line_and_exit_2(worker_env):
 
 def test_show_gives_a_running_jobs_worker_and_lease_and_calls_an_orphan_so():
     WorkerProcess.objects.create(  # alive by its heartbeats
-        worker_id="alive:1:1", host="h", pid=1, queues='{"default": 1}', started_ms=now_ms(), last_seen_ms=now_ms()
+        worker_id="alive:1:1", host="h", pid=1, queues='{"default": 1}', started_ms=NOW, last_seen_ms=NOW
     )
     alive = make_job("running", claimed_by="alive:1:1", lease_expires_ms=NOW + 45_000)
     orphan = make_job("running", claimed_by=ended_worker("gone:3:cccccc"), lease_expires_ms=NOW + 30_000)
