@@ -61,19 +61,21 @@ def db_vendor() -> str:
     return os.environ.get("DURQ_TEST_DB", "sqlite")
 
 
-# Which tests run on which CI leg. SQLite and PostgreSQL each have two legs (oldest and newest
-# Python/Django): tests marked ``one_leg`` (the fault catalogue and a few process-heavy tests)
-# run on the newest one only, so each database runs them once per CI run, and the oldest legs
-# prove the package, its API and a real worker on the oldest supported versions.
+# Which tests run on which CI leg. SQLite runs on three legs (Python 3.11, 3.12, 3.13) and
+# PostgreSQL on two: tests marked ``one_leg`` (the fault catalogue and a few process-heavy tests)
+# run on the newest-Python leg only, so each database runs them once per CI run, and the older legs
+# prove the package, its API and a real worker on the older supported versions.
 # ``DURQ_TEST_FAULTS=all`` runs them on any interpreter. Tests marked ``heavy`` run only with
 # ``DURQ_TEST_HEAVY=1`` (``benchmarks/soak.py --tests``).
 HEAVY = os.environ.get("DURQ_TEST_HEAVY") == "1"
 EVERY_LEG = HEAVY or os.environ.get("DURQ_TEST_FAULTS") == "all"
-OLDEST_LEG = sys.version_info < (3, 12) and db_vendor() in ("sqlite", "postgres")
+OLDER_LEG = sys.version_info < (3, 13) and db_vendor() in ("sqlite", "postgres")
 
 # The PgBouncer leg (tox env py313-dj61-pgbouncer): every worker the tests start reaches the queue
 # through a PgBouncer in transaction mode, with DURQ["LISTEN_DATABASE"] not set, as a site with one
-# DATABASES entry behind the pooler runs them. The test process itself connects directly.
+# DATABASES entry behind the pooler runs them. The test process itself connects directly, so a test
+# that starts no worker (every worker is started with the ``worker_env`` fixture, which points it
+# at the pooler) sends nothing through the pooler: the PostgreSQL leg runs those.
 THROUGH_PGBOUNCER = os.environ.get("DURQ_TEST_THROUGH_PGBOUNCER") == "1"
 
 
@@ -81,13 +83,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     heavy = pytest.mark.skip(reason="heavy: runs with DURQ_TEST_HEAVY=1 (benchmarks/soak.py --tests)")
     newest = pytest.mark.skip(reason="runs on the newest-Python leg of this database (DURQ_TEST_FAULTS=all: here too)")
     pooled = pytest.mark.skip(reason="behind a transaction pooler the worker keeps no session state (docs/postgresql.md)")
+    direct = pytest.mark.skip(reason="starts no worker, so nothing goes through the pooler: the PostgreSQL leg runs it")
     for item in items:
         if "heavy" in item.keywords and not HEAVY:
             item.add_marker(heavy)
-        elif "one_leg" in item.keywords and OLDEST_LEG and not EVERY_LEG:
+        elif "one_leg" in item.keywords and OLDER_LEG and not EVERY_LEG:
             item.add_marker(newest)
         elif "own_sessions" in item.keywords and THROUGH_PGBOUNCER:
             item.add_marker(pooled)
+        elif THROUGH_PGBOUNCER and "worker_env" not in getattr(item, "fixturenames", ()):
+            item.add_marker(direct)
 
 
 class WorkerProcess:

@@ -53,7 +53,7 @@ def show(job_id: int) -> str:
 
 
 def test_a_killed_workers_job_is_taken_over_within_a_second_not_a_lease(faults):
-    held = jobs.effect.using(lease=LONG_LEASE_S).enqueue(tag="held", sleep=4.0)
+    held = jobs.effect.using(lease=LONG_LEASE_S).enqueue(tag="held", sleep_first=30.0)
     victim = faults.spawn_ready("--queue", "default:1")
     victim_id = running_on(held.pk)
     rescuer = faults.spawn_ready("--queue", "default:1")
