@@ -43,7 +43,8 @@ from django.db import connections, transaction
 
 from ..conf import hooks
 from ..db import ClaimedJob, Dialect, Lease, places, wakeup
-from ..execution.executor import ABANDONED, DEAD, Completion, Executor, log_extra
+from ..execution.executor import Executor
+from ..execution.outcomes import ABANDONED, DEAD, Completion, log_extra
 from ..handlers.context import JobContext
 from .attempt import FINISHING, RUNNING, Attempt
 from .flow_gate import FlowGate
