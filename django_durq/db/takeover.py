@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import JOB, _fence
+from .rows import JOB, _fence
 
 if TYPE_CHECKING:
     from .base import Dialect, Lease
