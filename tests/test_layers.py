@@ -12,7 +12,8 @@ count; imports under ``if TYPE_CHECKING:`` do not (they name types for annotatio
 Where a lower layer needs a higher one, pass a function in (``clock.set_default_clock``,
 ``handlers.registry.hand_in_enqueue``).
 
-A function-level import of the package stays only with its reason on its line (see REASONS).
+A function-level import of the package stays only with its reason on its line (see REASONS). No
+module is past ``MAX_LINES``.
 """
 
 from __future__ import annotations
@@ -43,10 +44,8 @@ REASONS = {
     "apps.py, the tasks backend), so it cannot import a model at module level",
     "optional": "what it imports needs what may be absent or unused: another vendor's dialect, Django's tasks framework",
 }
-# Function-level imports that break a cycle inside one room, until the split that removes them.
-CYCLES = {
-    ("django_durq.db.base", "django_durq.db.flow"): "Dialect.claim_next calls the limited claim, which builds on base.py",
-}
+# The most lines a module may have; past it, split it along the nouns it owns.
+MAX_LINES = 400
 
 
 @dataclass(frozen=True)
@@ -159,8 +158,6 @@ def unexplained(found: list[Import]) -> list[str]:
         comment = imp.text.partition("#")[2]
         if any(re.search(rf"\b{reason}:", comment) for reason in REASONS):
             continue
-        if (imp.importer, imp.imported) in CYCLES and "cycle:" in comment:
-            continue
         problems.append(
             f"{imp.path}:{imp.line} (in {imp.function}): {imp.importer} imports {imp.imported} inside a function "
             f"without saying why. Import it at module level; if Django's app loading demands it here, end the "
@@ -185,6 +182,35 @@ def test_imports_point_only_down() -> None:
 def test_function_level_imports_say_why() -> None:
     problems = unexplained(imports_of(PACKAGE))
     assert not problems, "function-level imports:\n" + "\n".join(problems)
+
+
+def too_long(root: Path) -> list[str]:
+    """Modules of the package past ``MAX_LINES`` (migrations left out: Django writes them)."""
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        if "migrations" in path.relative_to(root).parts:
+            continue
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            rel = path.relative_to(root.parent).as_posix()
+            problems.append(f"{rel}: {lines} lines, more than {MAX_LINES}. Split it along the nouns it owns.")
+    return problems
+
+
+def test_no_module_is_past_the_line_limit() -> None:
+    problems = too_long(PACKAGE)
+    assert not problems, "long modules:\n" + "\n".join(problems)
+
+
+def test_the_line_limit_finds_a_long_module(tmp_path: Path) -> None:
+    root = tmp_path / "django_durq"
+    (root / "migrations").mkdir(parents=True)
+    (root / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (root / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (root / "migrations" / "0001_initial.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert too_long(root) == [
+        f"django_durq/long.py: {MAX_LINES + 1} lines, more than {MAX_LINES}. Split it along the nouns it owns."
+    ]
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
-from .base import ClaimedJob, Dialect, Lease, Renewal
+from .base import Dialect
+from .rows import ClaimedJob, Lease, Renewal
 
 __all__ = ["ClaimedJob", "Dialect", "Lease", "Renewal", "dialect_for", "exclusivity"]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import places, starts
-from .base import JOB
+from .rows import JOB
 from .starts import ScopeLog, key_scope, queue_scope
 
 if TYPE_CHECKING:

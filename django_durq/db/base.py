@@ -12,94 +12,26 @@ import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import places
+from .ends import EndStatements
+from .flow import Outlook, claim_limited
+
+# The dialects (postgresql.py, mysql.py, sqlite.py) import the row's names from here.
+from .rows import CLAIM_COLUMNS as CLAIM_COLUMNS
+from .rows import JOB as JOB
+from .rows import NOT_PAUSED as NOT_PAUSED
+from .rows import ClaimedJob as ClaimedJob
+from .rows import Lease as Lease
+from .rows import Renewal as Renewal
 
 if TYPE_CHECKING:
     from ..clock import Clock
     from ..handlers.limits import QueueLimits
-    from .flow import Outlook
-
-JOB = "durq_job"
-
-# True while an operator has paused the job's queue (see ops/pausing.py); its one %s is the queue.
-# It reads the control row by primary key and does not depend on the job row, so a database
-# evaluates it once per statement: a queue with no control row costs one index probe.
-NOT_PAUSED = "NOT EXISTS (SELECT 1 FROM durq_queue_control AS control WHERE control.queue = %s AND control.paused)"
-
-# Columns a claim hands to the worker; the payload of a job that is not being run is never read.
-CLAIM_COLUMNS = (
-    "id",
-    "name",
-    "queue",
-    "arguments",
-    "attempts",
-    "max_attempts",
-    "claim_token",
-    "lease_ms",
-    "timeout_ms",
-    "errors",
-    "reclaimed_from",
-    "priority",
-    "run_at_ms",
-    "created_ms",
-    "stop_requested",
-    "handbacks",
-    "dependents",
-    "workflow_id",
-    "expires_ms",
-)
-
-
-@dataclass
-class ClaimedJob:
-    id: int
-    name: str
-    queue: str
-    arguments: str
-    attempts: int
-    max_attempts: int
-    claim_token: int
-    lease_ms: int
-    timeout_ms: int | None
-    errors: str
-    reclaimed_from: str | None
-    priority: int
-    run_at_ms: int
-    created_ms: int
-    stop_requested: bool = False  # an operator asked it to stop: it is cancelled, never started
-    handbacks: int = 0  # started attempts handed back uncounted so far
-    dependents: int | None = None  # jobs waiting for this one (workflows.py); its end must be counted
-    workflow_id: int | None = None
-    expires_ms: int | None = None  # not started by then: ended without running (executor, db/expiry.py)
-    # Not a column: set after the claim. A limited claim took a place for it (db/places.py): its worker frees it.
-    placed: bool = False
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
-        """By position: the fields follow ``CLAIM_COLUMNS`` in order (tests/db/test_claimed_job.py)."""
-        return cls(*row)
-
-
-Lease = tuple[int, int]  # (job id, claim token)
-
-
-@dataclass
-class Renewal:
-    """What one renewal of a batch of leases found.
-
-    ``renewed``: the leases it extended, each with whether an operator asked its job to stop.
-    ``busy``: leases still held whose row another transaction had locked, left as they were for
-    the next renewal rather than waited for. A lease in neither is lost (taken over or deleted).
-    """
-
-    renewed: dict[Lease, bool]
-    busy: set[Lease] = field(default_factory=set)
 
 
 def own_connection(wrapper: BaseDatabaseWrapper) -> Any:
@@ -107,16 +39,7 @@ def own_connection(wrapper: BaseDatabaseWrapper) -> Any:
     return wrapper.Database.connect(**wrapper.get_connection_params())  # type: ignore[attr-defined]
 
 
-def _fence(leases: Sequence[Lease]) -> tuple[str, list[int]]:
-    """``(id = %s AND claim_token = %s) OR …`` for a batch of leases, with its parameters."""
-    clause = " OR ".join(["(id = %s AND claim_token = %s)"] * len(leases))
-    params: list[int] = []
-    for job_id, token in leases:
-        params.extend((job_id, token))
-    return f"({clause})", params
-
-
-class Dialect:
+class Dialect(EndStatements):
     vendor = ""
     exclusivity = ""
     supports_notify = False
@@ -146,9 +69,6 @@ class Dialect:
         "INSERT INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
         " ON CONFLICT (queue) DO NOTHING"
     )
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        self.connection = connection
 
     # --- what differs per database -------------------------------------------------------
 
@@ -197,22 +117,6 @@ class Dialect:
         """Where enqueuers of one dedupe key must take turns at the insert, hold the turn (MariaDB)."""
         return contextlib.nullcontext()
 
-    def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
-        """A condition matching the running rows still held under these (id, claim token) pairs.
-
-        Dialects that can pass the pairs as one array parameter override this, so the SQL text
-        stays the same for every batch size and the driver's statement cache can keep it.
-        """
-        fence, params = _fence(leases)
-        return f"status = 'running' AND {fence}", params
-
-    def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
-        """A condition matching the rows of a table keyed by attempt (``job_id``, ``claim_token``): the
-        places under limits (db/places.py). Dialects that can pass the pairs as arrays override it.
-        """
-        pairs = ", ".join(["(%s, %s)"] * len(leases))
-        return f"(job_id, claim_token) IN ({pairs})", [value for lease in leases for value in lease]
-
     # --- shared, portable SQL --------------------------------------------------------------
 
     def insert_job(self, values: dict[str, Any], notify: bool) -> int:
@@ -260,16 +164,6 @@ class Dialect:
         """The arguments of one bulk enqueue, split into statements: one statement by default."""
         return [arguments]
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount
-
-    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
-
     def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
         """When ``queue``'s first waiting job is due, its first lease expires, and the first lease
         of a last attempt expires; a read that takes no write lock.
@@ -285,43 +179,6 @@ class Dialect:
             (queue, queue, queue, queue, queue),
         )
         return rows[0][0], rows[0][1], rows[0][2]
-
-    def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
-        """Extend leases to at least ``now_ms`` + their length, each matched by its own (id, token).
-
-        A lease only ever moves forward: a renewal that arrives late (its ``now`` read before a
-        stall) cannot shorten a lease that a later renewal or claim set. ``bound_ms`` bounds how
-        long the renewal may wait for a lock (None: as long as the connection waits); a renewal
-        that reaches it fails like one the database refused.
-        """
-        if not leases:
-            return Renewal({})
-        held, params = self.held_many(leases)
-        self.execute(
-            f"UPDATE {JOB} SET lease_expires_ms = {self.greatest}(lease_expires_ms, %s + lease_ms) WHERE {held}",
-            [now_ms, *params],
-        )
-        rows = self.fetchall(f"SELECT id, claim_token, stop_requested FROM {JOB} WHERE {held}", params)
-        return Renewal({(row[0], row[1]): bool(row[2]) for row in rows})
-
-    def complete(self, leases: Sequence[Lease]) -> set[Lease]:
-        """Delete finished jobs (the default: nothing kept); returns the leases that were still held."""
-        if not leases:
-            return set()
-        held, params = self.held_many(leases)
-        return {(row[0], row[1]) for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id, claim_token", params)}
-
-    def finished_leases(self, leases: Sequence[Lease]) -> set[Lease]:
-        """Which of these leases ended as finished jobs (kept) under their own token (cancelled: asked to stop)."""
-        if not leases:
-            return set()
-        fence, params = _fence(leases)
-        rows = self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE status IN ('finished', 'cancelled') AND {fence}", params)
-        return {(row[0], row[1]) for row in rows}
-
-    def existing_ids(self, ids: Sequence[int]) -> set[int]:
-        marks = ", ".join(["%s"] * len(ids))
-        return {row[0] for row in self.fetchall(f"SELECT id FROM {JOB} WHERE id IN ({marks})", list(ids))}
 
     def complete_and_claim(
         self,
@@ -365,136 +222,4 @@ class Dialect:
         """
         if limits is None:
             return self.claim(queue, limit, now_ms, worker_id)
-        from .flow import claim_limited  # cycle: flow.py builds on base.py; goes with base.py's split
-
         return claim_limited(self, queue, limit, now_ms, worker_id, limits, clock, outlook)
-
-    def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
-        """Keep a batch of finished jobs (lease, finished at, result text) in one statement.
-
-        Returns the leases that were still held. Finished history is on by default, so this is
-        the common completion: one UPDATE per batch, as the delete is one DELETE per batch.
-        """
-        if not kept:
-            return set()
-        leases = [lease for lease, _, _ in kept]
-        held, held_params = self.held_many(leases)
-        finished_at = " ".join(["WHEN %s THEN %s"] * len(kept))
-        params: list[Any] = [value for (job_id, _), finished_ms, _ in kept for value in (job_id, finished_ms)]
-        results = [(job_id, result) for (job_id, _), _, result in kept if result is not None]
-        result_sql = "NULL"
-        if results:
-            result_sql = f"CASE id {' '.join(['WHEN %s THEN %s'] * len(results))} ELSE NULL END"
-            params.extend(value for pair in results for value in pair)
-        # A job an operator asked to stop ends cancelled, even when its handler returned before a
-        # heartbeat told it: the statement reads the request itself, as retry_later does.
-        updated = self.execute(
-            f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'finished' END,"
-            f" lease_expires_ms = NULL, finished_ms = CASE id {finished_at} END, result = {result_sql} WHERE {held}",
-            params + held_params,
-        )
-        if updated == len(kept):
-            return set(leases)
-        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
-
-    def retry_later(self, lease: Lease, run_at_ms: int, now_ms: int, errors: str) -> bool:
-        """Put a failed job back to wait for its next attempt — or end it cancelled if an operator asked.
-
-        The stop request is read by this statement itself, so a cancel that arrives while the
-        attempt fails is never lost to the retry.
-        """
-        fence, params = _fence([lease])
-        return (
-            self.execute(
-                f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'waiting' END,"
-                " finished_ms = CASE WHEN stop_requested THEN %s ELSE NULL END,"
-                f" run_at_ms = %s, lease_expires_ms = NULL, errors = %s WHERE status = 'running' AND {fence}",
-                [now_ms, run_at_ms, errors, *params],
-            )
-            == 1
-        )
-
-    def bury(self, lease: Lease, now_ms: int, errors: str) -> bool:
-        """Make the job a dead letter, keeping its whole error history."""
-        fence, params = _fence([lease])
-        return (
-            self.execute(
-                f"UPDATE {JOB} SET status = 'dead', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
-                f" WHERE status = 'running' AND {fence}",
-                [now_ms, errors, *params],
-            )
-            == 1
-        )
-
-    def cancel_running(self, lease: Lease, now_ms: int, errors: str) -> bool:
-        fence, params = _fence([lease])
-        return (
-            self.execute(
-                f"UPDATE {JOB} SET status = 'cancelled', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
-                f" WHERE status = 'running' AND {fence}",
-                [now_ms, errors, *params],
-            )
-            == 1
-        )
-
-    def release(self, leases: Sequence[Lease], *, started: bool, now_ms: int = 0) -> int:
-        """Hand jobs back for another worker; the interrupted attempt is not counted.
-
-        A job an operator asked to stop ends cancelled instead. ``started`` counts the hand-back
-        (see ``Job.handbacks``); a job that waited in a buffer and never started is not counted.
-        The due time stays as it was: the job was already due, so it is claimable at once and
-        keeps its place in the order, and a scheduled job keeps the due time it was created for.
-        """
-        if not leases:
-            return 0
-        held, params = self.held_many(leases)
-        return self.execute(
-            f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'waiting' END,"
-            " finished_ms = CASE WHEN stop_requested THEN %s ELSE NULL END,"
-            f" lease_expires_ms = NULL, attempts = attempts - 1, handbacks = handbacks + %s WHERE {held}",
-            [now_ms, 1 if started else 0, *params],
-        )
-
-    def record_errors(self, lease: Lease, errors: str) -> bool:
-        fence, params = _fence([lease])
-        return self.execute(f"UPDATE {JOB} SET errors = %s WHERE status = 'running' AND {fence}", [errors, *params]) == 1
-
-    def report_progress(self, lease: Lease, done: int, total: int | None) -> bool:
-        fence, params = _fence([lease])
-        return (
-            self.execute(
-                f"UPDATE {JOB} SET progress_done = %s, progress_total = %s WHERE status = 'running' AND {fence}",
-                [done, total, *params],
-            )
-            == 1
-        )
-
-    def expired_final_attempts(self, queue: str, now_ms: int) -> list[tuple[int, int, str, int, str, str]]:
-        """Running jobs whose lease expired on their last allowed attempt.
-
-        Rows of (id, claim token, name, attempts, errors, lease holder).
-        """
-        return [
-            (row[0], row[1], row[2], row[3], row[4], row[5])
-            for row in self.fetchall(
-                f"SELECT id, claim_token, name, attempts, errors, claimed_by FROM {JOB} WHERE queue = %s"
-                " AND status = 'running' AND lease_expires_ms <= %s AND attempts >= max_attempts",
-                (queue, now_ms),
-            )
-        ]
-
-    def bury_expired(self, lease: Lease, now_ms: int, errors: str) -> str | None:
-        """End a job whose worker was lost — only if its lease is still expired; returns how it ended, or None.
-
-        A dead letter, or cancelled when an operator asked it to stop (a cancel is final). Each
-        statement re-checks the expiry itself: a lease renewed since the scan is left alone.
-        """
-        fence, params = _fence([lease])
-        for status, asked in (("cancelled", "stop_requested"), ("dead", "NOT stop_requested")):
-            if self.execute(
-                f"UPDATE {JOB} SET status = '{status}', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
-                f" WHERE status = 'running' AND {asked} AND lease_expires_ms <= %s AND {fence}",
-                [now_ms, errors, now_ms, *params],
-            ):
-                return status
-        return None

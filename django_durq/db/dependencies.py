@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from . import wakeup
-from .base import JOB
+from .rows import JOB
 
 if TYPE_CHECKING:
     from .base import Dialect

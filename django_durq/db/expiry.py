@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from ..clock import ms_to_datetime
-from .base import JOB
 from .dependencies import settle
+from .rows import JOB
 
 if TYPE_CHECKING:
     from .base import Dialect, Lease

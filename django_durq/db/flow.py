@@ -22,7 +22,7 @@ from django.db import transaction
 from ..conf import hooks
 from . import gates, places
 from .admission import Admission
-from .base import JOB, ClaimedJob
+from .rows import JOB, ClaimedJob
 
 if TYPE_CHECKING:
     from ..clock import Clock

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import wakeup
-from .base import JOB
 from .dependencies import EDGES, FAILED, cancel_dependent, chunks, lock_jobs, marks, settle
+from .rows import JOB
 
 if TYPE_CHECKING:
     from .base import Dialect

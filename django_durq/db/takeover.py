@@ -6,7 +6,7 @@ claim, so a row that changed meanwhile is left as it is:
 - a takeover: the job's worker has ended (``worker/takeover.py``). Its attempt is recorded as
   failed and the job is claimable at once; a last attempt becomes a dead letter. The statements
   keep the job's due time: it was due when it was claimed, so it keeps its place in the order;
-- a hand-back by a worker that has no handler for the job's type (``execution/executor.py``): the attempt
+- a hand-back by a worker that has no handler for the job's type (``execution/recording.py``): the attempt
   is not counted, and the job is due again a moment later, for a worker that has one.
 
 An operator's cancel is final in both: the job ends cancelled instead.
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import JOB, _fence
+from .rows import JOB, _fence
 
 if TYPE_CHECKING:
     from .base import Dialect, Lease

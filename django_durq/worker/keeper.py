@@ -25,7 +25,7 @@ from django.db import connections
 from ..clock import ServerClock
 from ..conf import hooks
 from ..db import wakeup
-from ..execution.executor import log_extra
+from ..execution.outcomes import log_extra
 from .attempt import RUNNING
 
 if TYPE_CHECKING:

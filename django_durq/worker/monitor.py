@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from ..models import WorkerProcess
-from .pool import TIMEOUT_GRACE_MS
+from .slots import TIMEOUT_GRACE_MS
 
 if TYPE_CHECKING:
     from .pool import Pool

@@ -28,6 +28,9 @@ only while its queue was seen not paused lately (``pause_guard.py``), and a job 
 running limit holds a place until the handler's thread is done with it (``held_places.py``):
 freed with its completion, right after any other outcome (a timed-out handler's only when its
 thread returns at last), or with its hand-back.
+
+The pool is in parts: its slots (``slots.py``), the claim-ahead buffer (``claim_ahead.py``) and
+the completions held for a batch (``completions.py``). Here: the dispatcher and the pool's start.
 """
 
 from __future__ import annotations
@@ -39,33 +42,26 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from django.db import connections, transaction
+from django.db import connections
 
 from ..conf import hooks
-from ..db import ClaimedJob, Dialect, Lease, places, wakeup
-from ..execution.executor import ABANDONED, DEAD, Completion, Executor, log_extra
+from ..db import ClaimedJob, Lease, wakeup
+from ..execution.executor import Executor
+from ..execution.outcomes import Completion
 from ..handlers.context import JobContext
-from .attempt import FINISHING, RUNNING, Attempt
+from .attempt import Attempt
+from .claim_ahead import BUFFER_MAX_WAIT_S
+from .completions import COMPLETION_HOLD_MS, FLUSH_BATCH
 from .flow_gate import FlowGate
 from .held_places import HeldPlaces
 from .pause_guard import PauseGuard
-from .slot_connections import SlotConnections
+from .slots import Slots
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 logger = logging.getLogger("django_durq")
 
-# How long past its timeout a handler may run before its slot is given to a new thread.
-TIMEOUT_GRACE_MS = 1_000
-# A slot idle for longer than this checks its connections before the next handler runs.
-IDLE_CHECK_S = 1.0
-# The longest a finished job's delete waits in memory to share a transaction with others.
-COMPLETION_HOLD_MS = 5
-# Completions recorded at once at most; reaching it flushes before the hold is over.
-FLUSH_BATCH = 256
-# The most jobs a pool claims beyond its free slots, however short its jobs.
-MAX_AHEAD = 256
 # Where writers are serialized (SQLite) and another connection has written lately: the most jobs
 # claimed in one transaction, and how long the lock is then left free, as a multiple of the time
 # the transaction held it. Without other writers the dispatcher writes back to back.
@@ -75,11 +71,7 @@ SERIALIZED_GAP_FACTOR = 1.0
 SHARING_S = 0.25
 
 
-# A job claimed ahead that has waited this long for a slot is handed back for other workers.
-BUFFER_MAX_WAIT_S = 0.25
-
-
-class Pool:
+class Pool(Slots):
     def __init__(self, queue: str, concurrency: int, runtime: Runtime) -> None:
         self.queue = queue
         self.concurrency = concurrency
@@ -152,42 +144,7 @@ class Pool:
         self.kick.set()
         return room
 
-    def _add_thread(self) -> None:
-        thread = threading.Thread(target=self._work, name=f"durq-{self.queue}-{len(self._threads)}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def running(self) -> list[Attempt]:
-        with self._lock:
-            return list(self._running)
-
-    def running_now(self) -> int:
-        """How many handlers run, read without the lock: safe in a signal handler."""
-        return len(self._running)
-
-    def busy(self) -> int:
-        with self._lock:
-            return self._busy
-
-    def held(self) -> int:
-        """Jobs this pool holds a lease on and has not finished: running plus buffered."""
-        with self._lock:
-            return self._busy + len(self._ready)
-
     # --- dispatcher ----------------------------------------------------------------------------
-
-    def _target(self, longest_running_s: float) -> int:
-        """How many jobs to hold: one per slot, plus those the slots should start within the horizon.
-
-        Nothing is claimed ahead while a slot runs a job longer than the horizon: the jobs it
-        would hold could start sooner on another worker.
-        """
-        mean = self._mean_job_s
-        horizon_s = self.prefetch_ms / 1000
-        if not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
-            return self.concurrency
-        ahead = self.concurrency * horizon_s / max(mean, 1e-6)
-        return self.concurrency + min(MAX_AHEAD, int(ahead))
 
     def _dispatch(self) -> None:
         runtime = self.runtime
@@ -340,276 +297,3 @@ class Pool:
             self._sharing_until = now + SHARING_S
         self._seen_version = version
         return now < self._sharing_until
-
-    def _hand_back(self, everything: bool) -> None:
-        """Release buffered jobs that never started for other workers, the attempt not counted."""
-        horizon = time.monotonic() - BUFFER_MAX_WAIT_S
-        with self._lock:
-            if everything:
-                taken, self._ready = list(self._ready), deque()
-            else:
-                taken = [attempt for attempt in self._ready if attempt.buffered_at <= horizon]
-                self._ready = deque(attempt for attempt in self._ready if attempt.buffered_at > horizon)
-        if not taken:
-            return
-        released = self._release_unstarted(taken)
-        if released:
-            logger.info("durq: handed back %d buffered job(s) of queue %r that had not started", released, self.queue)
-
-    def _release_unstarted(self, taken: list[Attempt]) -> int:
-        """Give jobs that never started back for other workers, attempts not counted, places freed; how many."""
-        runtime = self.runtime
-        leases = [attempt.lease for attempt in taken]
-        placed = [attempt.lease for attempt in taken if attempt.job.placed]
-        for attempt in taken:
-            attempt.ctx.settle()
-        hooks.jitter("release")
-        alias = runtime.settings.database
-
-        def release(dialect: Dialect) -> int:
-            with transaction.atomic(using=alias):
-                released = dialect.release(leases, started=False, now_ms=runtime.clock.now_ms())
-                places.free(dialect, placed)
-                wakeup.wake_on_commit(alias, [self.queue], jobs=released)
-            return released
-
-        try:
-            released = runtime.store.retrying("release", release)
-        except Exception:  # their leases expire; no job is lost (their places free with this process)
-            logger.exception("durq: could not hand back %d buffered job(s); their leases will expire", len(leases))
-            released = 0
-        finally:
-            for attempt in taken:
-                runtime.book.remove(attempt)
-        runtime.unclaimed(len(leases))
-        return released
-
-    def _defer_completion(self, job: ClaimedJob, ctx: JobContext, completion: Completion) -> None:
-        # Taken up by the slot's next _next_job(), inside the lock it takes anyway.
-        self._finished_results[ctx.lease] = completion
-
-    def _take_completions(self) -> list[Attempt]:
-        with self._lock:
-            taken, self._completions = self._completions, []
-        return taken
-
-    def flush_completions(self) -> None:
-        """Record every finished job still held in memory (at shutdown; the dispatcher does it as it goes)."""
-        completions = self._take_completions()
-        if completions or len(self.places):
-            self._record_completions(completions, [])
-
-    def _prepare_connection(self) -> None:
-        """Tune the dispatcher's connection once per driver connection (again after a reconnect)."""
-        wrapper = connections[self.runtime.settings.database]
-        driver = wrapper.connection
-        if driver is None or driver is not self._prepared_for:
-            self.runtime.store.retrying("prepare connection", lambda d: d.prepare_dispatcher_connection())
-            self._prepared_for = wrapper.connection
-
-    def _record_completions(self, completions: list[Attempt], claim: list[int]) -> list[ClaimedJob]:
-        """Delete finished jobs and, when ``claim`` is ``[limit, now_ms]``, claim more in the same transaction.
-
-        A completion counts (stats, log, ``job_finished``) only when this attempt's own fenced
-        delete removed the row. A row already gone was completed by another attempt — unless the
-        delete had to be retried after a lost connection while this attempt's lease was still
-        confirmed, in which case the first try committed it.
-        """
-        runtime = self.runtime
-        self._prepare_connection()
-        limit, now = claim if claim else (0, 0)
-        limits = self.gate.claim_limits
-        # A limited claim reads the time again once it has its turn: never past the book's bound.
-        clock = runtime.clock if limits is None else runtime.book.claim_clock(runtime.clock)
-        outlook = self.gate.claim_outlook
-        # Handlers that returned: their places under limits are freed in the transaction that claims next.
-        free = [attempt.lease for attempt in completions if attempt.job.placed] + self.places.take()
-        if not completions:
-            if free:
-                self.places.free(free)
-            if limit <= 0:
-                return []
-            return runtime.store.claim(self.queue, limit, now, runtime.worker_id, limits, clock, outlook)
-        leases = [attempt.lease for attempt in completions if attempt.finished_ms is None]
-        kept = [(a.lease, a.finished_ms, a.stored) for a in completions if a.finished_ms is not None]
-        first_try = time.monotonic()
-        tries = 0
-
-        def complete_and_claim(dialect: Dialect) -> tuple[set[Lease], list[ClaimedJob]]:
-            nonlocal tries
-            tries += 1
-            hooks.jitter("complete")
-            return dialect.complete_and_claim(
-                leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock, free, outlook
-            )
-
-        try:
-            try:
-                done, jobs = runtime.store.retrying("complete", complete_and_claim)
-            except Exception:
-                self.places.keep(free)  # the handlers have returned all the same
-                raise
-            missing = [attempt for attempt in completions if attempt.lease not in done]
-            if missing and tries > 1:
-                # The first try may have committed before its answer was lost: a deleted row is
-                # gone, a kept one is finished under this attempt's own token.
-                finished_here = runtime.store.retrying(
-                    "check completions", lambda d: d.finished_leases([a.lease for a in missing])
-                )
-                present = runtime.store.retrying("check completions", lambda d: d.existing_ids([a.job.id for a in missing]))
-                done |= finished_here
-                done |= {
-                    a.lease
-                    for a in missing
-                    if a.finished_ms is None and a.job.id not in present and a.ctx.confirmed_until > first_try
-                }
-            self.executor.settle_ends([a.job for a in completions if a.lease in done])
-            self.executor.finished_many([(a.job, a.ctx, a.result) for a in completions if a.lease in done])
-            for attempt in completions:
-                if attempt.lease not in done:
-                    logger.warning(
-                        "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
-                        attempt.job.id,
-                        attempt.job.name,
-                        extra=log_extra(attempt.job),
-                    )
-        finally:
-            runtime.book.remove_many(completions)
-        return jobs
-
-    def bury_expired(self, now: int) -> int:
-        """Jobs whose worker died on their last attempt become dead letters (no claim can take them).
-
-        An attempt this process still holds is not one of them, however late its renewal.
-        """
-        runtime = self.runtime
-        if not self.gate.lost_possible(now, fresh_s=2 * runtime.poll_s):
-            return 0
-        expired = runtime.store.retrying("scan expired", lambda d: d.expired_final_attempts(self.queue, now))
-        buried = 0
-        for job_id, token, name, attempts, errors, holder in expired:
-            if runtime.book.holds((job_id, token)):
-                continue  # its handler runs here, only its renewal is late: never a lost worker's
-            buried += self.executor.bury_lost(self.queue, (job_id, token), name, attempts, errors, holder) == DEAD
-        return buried
-
-    # --- slots -------------------------------------------------------------------------------
-
-    def _next_job(self, finished: Attempt | None) -> Attempt | None:
-        """Retire the slot's finished attempt and take the next buffered one; None when this thread should end.
-
-        One critical section does both, as this runs once per job.
-        """
-        runtime = self.runtime
-        flush = False
-        with self._has_ready:
-            if finished is not None:
-                self._running.discard(finished)
-                completion = self._finished_results.pop(finished.lease, None)
-                if completion is not None:
-                    finished.state = FINISHING
-                    finished.result = completion.result
-                    if completion.keep:
-                        finished.stored, finished.finished_ms = completion.stored, completion.finished_ms
-                    self._completions.append(finished)
-                    pending = len(self._completions)
-                    if pending == 1:
-                        self._completions_since = time.monotonic()
-                    flush = pending == 1 or pending == FLUSH_BATCH
-                else:
-                    runtime.book.remove(finished)  # its outcome is recorded, or was never ours to record
-                if finished.abandoned:
-                    if flush:
-                        self.kick.set()
-                    return None  # a replacement thread already took this slot
-                self._busy -= 1
-            # Once claiming stops, buffered jobs are no longer started: the dispatcher hands them back.
-            while not self._ready or runtime.stop_claiming.is_set():
-                if self._closing:
-                    return None
-                self.kick.set()  # a free slot (and maybe a completion): the dispatcher may act
-                self._has_ready.wait()
-            attempt = self._ready.popleft()
-            attempt.state = RUNNING
-            self._busy += 1
-            self._running.add(attempt)
-            left = len(self._ready)
-        if flush or left == 0 or left == self._low_water:
-            self.kick.set()  # completions to record, or the buffer needs refilling
-        return attempt
-
-    def _may_start(self, attempt: Attempt) -> bool:
-        """Whether the slot may start ``attempt`` (see ``pause_guard.py``); if its queue is paused, the
-        attempt and every buffered one are handed back, attempts not counted.
-        """
-        if self.pause_guard.may_start():
-            return True
-        with self._lock:
-            self._running.discard(attempt)
-            self._busy -= 1
-        self._release_unstarted([attempt])
-        self._hand_back(everything=True)
-        logger.info("durq: queue %r is paused; its jobs claimed ahead were handed back", self.queue)
-        self.kick.set()
-        return False
-
-    def _work(self) -> None:
-        runtime = self.runtime
-        idle_since = 0.0
-        slot_connections = SlotConnections()
-        attempt: Attempt | None = None
-        while True:
-            attempt = self._next_job(attempt)
-            if attempt is None:
-                break
-            if not self._may_start(attempt):
-                attempt = None  # handed back: nothing to retire
-                continue
-            started = time.monotonic()
-            if started - idle_since > IDLE_CHECK_S:
-                slot_connections.after_idle()
-            outcome = "error"
-            try:
-                outcome = self.executor.run(attempt.job, attempt.ctx)
-            except BaseException:  # the database stayed down past every retry
-                logger.exception(
-                    "durq: could not record the outcome of job %s (%s); its lease will expire",
-                    attempt.job.id,
-                    attempt.job.name,
-                    extra=log_extra(attempt.job),
-                )
-            # The handler has returned; unless a completion carries its place, free that now (or at the next write).
-            if attempt.job.placed and attempt.lease not in self._finished_results and not self.places.free([attempt.lease]):
-                self.kick.set()
-            slot_connections.tidy()
-            idle_since = time.monotonic()
-            took = idle_since - started
-            mean = self._mean_job_s
-            self._mean_job_s = took if mean is None else mean + (took - mean) / 8
-            if outcome != ABANDONED:
-                runtime.job_done(outcome)
-        connections.close_all()  # the slot's, handlers' own included
-
-    def reap_timeouts(self) -> None:
-        """Fail attempts that ran past their timeout and give their slot to a fresh thread.
-
-        Python cannot kill a thread: the hung handler keeps running, but its later writes are
-        fenced off, and the pool keeps its full number of working slots.
-        """
-        for attempt in self.running():
-            overdue_s = attempt.ctx.overdue_by_s()
-            if overdue_s is None or overdue_s * 1000 < TIMEOUT_GRACE_MS or attempt.ctx.settled:
-                continue
-            with self._lock:
-                if attempt.abandoned or attempt not in self._running:
-                    continue
-                attempt.abandoned = True
-                self._running.discard(attempt)
-                self._busy -= 1
-            hooks.jitter("reap")
-            try:
-                self.executor.record_timeout(attempt.job, attempt.ctx)
-            finally:
-                self.runtime.book.remove(attempt)
-                self._add_thread()
-                self.kick.set()

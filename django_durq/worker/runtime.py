@@ -13,7 +13,7 @@ from ..clock import Clock
 from ..conf import DurqSettings
 from ..db.presence import WorkerPresence
 from ..db.store import Store
-from ..execution.executor import DEAD, FINISHED, RETRYING, UNKNOWN_TYPE
+from ..execution.outcomes import DEAD, FINISHED, RETRYING, UNKNOWN_TYPE
 from . import exit_status
 from .attempt import AttemptBook
 from .events import Events

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..execution.executor import reclaim_connection
+from ..execution.handler_call import reclaim_connection
 
 
 class SlotConnections:

@@ -25,7 +25,7 @@ from django.db import connections
 from ..clock import Clock, ServerClock, get_clock
 from ..conf import DurqSettings
 from ..db import dialect_for, pooler, presence
-from ..execution.executor import RELEASED, error_list, log_extra
+from ..execution.outcomes import RELEASED, error_list, log_extra
 from ..models import WorkerProcess
 from . import exit_status
 from .keeper import LeaseKeeper

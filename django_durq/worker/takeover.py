@@ -31,7 +31,8 @@ from ..db import Dialect, presence, wakeup
 from ..db.dependencies import settle
 from ..db.presence import Liveness
 from ..db.takeover import Orphan, lock_orphans, running_of, take_over
-from ..execution.executor import DEAD, RETRYING, Executor, jobs_log
+from ..execution.executor import Executor
+from ..execution.outcomes import DEAD, RETRYING, jobs_log
 from ..signals import job_dead
 
 if TYPE_CHECKING:

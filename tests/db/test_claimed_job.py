@@ -2,7 +2,7 @@
 
 from dataclasses import fields
 
-from django_durq.db.base import CLAIM_COLUMNS, ClaimedJob
+from django_durq.db.rows import CLAIM_COLUMNS, ClaimedJob
 
 
 def test_the_fields_of_a_claimed_job_follow_the_claims_columns_in_order():

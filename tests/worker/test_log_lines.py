@@ -13,7 +13,8 @@ from django_durq import job
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.db.store import Store
-from django_durq.execution.executor import MAX_MESSAGE_CHARS, Executor
+from django_durq.execution.executor import Executor
+from django_durq.execution.outcomes import MAX_MESSAGE_CHARS
 from django_durq.handlers.registry import WHERE_HANDLERS_LIVE, registry, unknown_job_message
 from django_durq.models import Job
 from django_durq.testing import drain

@@ -3,93 +3,40 @@
 Thin: arguments are checked at the edge (a bad one exits with status 2 and one line saying
 why), then :mod:`django_durq.ops` does the work. A retry or cancel that leaves some of the
 named jobs alone says which and why, and exits with status 1.
+
+The arguments' checks are in ``management/arguments.py``; ``show``, ``recent`` and ``failed`` in
+``management/job_commands.py``, ``workflows`` and ``workflow`` in ``management/workflow_commands.py``.
 """
 
 from __future__ import annotations
 
-import argparse
-import getpass
 import json
-import re
-from typing import Any, NoReturn
+from typing import Any
 
 from django.core.management import BaseCommand, CommandError, CommandParser
 from django.utils.translation import ngettext
 
 from ... import ops
 from ...clock import now_ms
-from ...conf import get_settings
-from ...models import Job
-from ...ops.pausing import check_words
 from ...schedules import format_schedules
 from .. import job_output
+from ..arguments import (
+    NOT_ALL_DONE,
+    USAGE_ERROR,
+    OneLineParser,
+    duration_ms,
+    job_id,
+    operator,
+    positive_int,
+    queue_name,
+    reason_text,
+)
+from ..job_commands import JobCommands
 from ..limits_cli import show_limits
 from ..workflow_commands import WorkflowCommands, add_workflow_parsers
 
-USAGE_ERROR = 2
-NOT_ALL_DONE = 1
 
-MAX_DURATION_MS = 100 * 365 * 86_400_000  # past this, "now minus the duration" is no time a job has
-_UNITS_MS = {"s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-# ASCII digits only: str.isdigit() and \d also take "²" and "١٢٣", which int() then refuses or misreads.
-_DIGITS = re.compile(r"[0-9]+")
-_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(s|m|min|h|d|w)$")
-
-
-class OneLineParser(CommandParser):
-    """Reports a usage error as one line and exit status 2 (a ``CommandError`` when called from code)."""
-
-    def error(self, message: str) -> NoReturn:
-        if self.called_from_command_line:
-            self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see --help)\n")
-        raise CommandError(f"Error: {message}", returncode=USAGE_ERROR)
-
-
-def job_id(text: str) -> int:
-    if not _DIGITS.fullmatch(text) or int(text) < 1 or len(text) > 18:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a positive whole number)")
-    return int(text)
-
-
-def positive_int(text: str) -> int:
-    if not _DIGITS.fullmatch(text) or len(text) > 18 or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
-
-
-def duration_ms(text: str) -> int:
-    """``30s``, ``15m``, ``12h``, ``7d``, ``2w`` -> milliseconds."""
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write a number and a unit, e.g. 30s, 15m, 12h, 7d, 2w")
-    ms = round(float(match.group(1)) * _UNITS_MS[match.group(2)])
-    if ms > MAX_DURATION_MS:
-        raise argparse.ArgumentTypeError(f"{text!r} is longer than 100 years")
-    return ms
-
-
-def reason_text(text: str) -> str:
-    try:
-        return check_words(text, "")[0]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def operator() -> str:
-    """Who runs this command, for the record of a pause or a resume."""
-    try:
-        return f"{getpass.getuser()} (manage.py durq)"
-    except (OSError, KeyError):  # no user name in the environment or the password database
-        return "manage.py durq"
-
-
-def queue_name(text: str) -> str:
-    if not text or ":" in text or "\x00" in text or len(text) > 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name (1 to 100 characters, no ':' or NUL)")
-    return text
-
-
-class Command(WorkflowCommands, BaseCommand):
+class Command(JobCommands, WorkflowCommands, BaseCommand):
     help = "Operate the queue: stats, jobs, retries, purges, cancels, pauses, limits, schedules and workflows."
     requires_system_checks: list[str] = []  # an operator needs these most when something is wrong
 
@@ -216,110 +163,6 @@ class Command(WorkflowCommands, BaseCommand):
                     f"{row.finished_last_minute}/{row.finished_last_hour}",
                     f"{row.failed_last_minute}/{row.failed_last_hour}",
                     f"{row.workers} ({row.slots} slots)",
-                ]
-            )
-        self._table(table)
-
-    def do_show(self, options: dict[str, Any]) -> None:
-        ids: list[int] = list(dict.fromkeys(options["ids"]))
-        found = ops.jobs_by_id(ids)
-        ended = ops.ended_workers([job.claimed_by for job in found.values() if job.status == "running"])
-        if options["json"]:
-            shown = [job_output.job_dict(found[i], found[i].claimed_by in ended) for i in ids if i in found]
-            self.stdout.write(json.dumps(shown, indent=2, ensure_ascii=False))
-        else:
-            for index, job in enumerate(found[i] for i in ids if i in found):
-                if index:
-                    self.stdout.write("")
-                self._show(job, job.status == "running" and job.claimed_by in ended)
-        missing = [i for i in ids if i not in found]
-        if missing:
-            keep = get_settings().keep_finished_ms
-            kept = f"finished jobs are kept for {ops.format_age(keep)} (KEEP_FINISHED)" if keep else "KEEP_FINISHED is 0"
-            for job_id_ in missing:
-                self.stderr.write(f"Job {job_id_}: no such job: it never existed, or it ended and was removed ({kept}).")
-            raise CommandError(
-                ngettext("%(count)d job not found", "%(count)d jobs not found", len(missing)) % {"count": len(missing)},
-                returncode=NOT_ALL_DONE,
-            )
-
-    def _show(self, job: Job, orphaned: bool) -> None:
-        took = job_output.took_s(job)
-        lines = [
-            f"Job {job.pk} ({job.name}) in queue {job.queue!r}: {job.state}" + (" (orphaned)" if orphaned else ""),
-            f"  created   {ops.local_time(job.created_ms)}",
-            f"  due       {job_output.due(job)}",
-            f"  started   {ops.local_time(job.started_ms)} (attempt {job.attempts} of {job.max_attempts})",
-            f"  ended     {ops.local_time(job.finished_ms)}" + (f", after {took:.3f} s" if took is not None else ""),
-        ]
-        lines += job_output.holder_lines(job, orphaned, now_ms())
-        if job.result is not None:
-            lines.append(f"  result    {job_output.clip(job.result, 200)}")
-        if job.last_error:
-            lines.append(f"  error     {job_output.clip(job_output.last_error(job), 200)}")
-        for line in lines:
-            self.stdout.write(line)
-
-    def do_recent(self, options: dict[str, Any]) -> None:
-        jobs = ops.recent(queue=options["queue"], limit=options["limit"])
-        if options["json"]:
-            self.stdout.write(json.dumps([job_output.job_dict(job) for job in jobs], indent=2, ensure_ascii=False))
-            return
-        if not jobs:
-            keep = get_settings().keep_finished_ms
-            self.stdout.write(
-                f"No jobs ended in the last {ops.format_age(keep)} (KEEP_FINISHED)." if keep else "No ended jobs kept."
-            )
-            return
-        table = [["ID", "NAME", "QUEUE", "STATUS", "ENDED", "TOOK", "ATTEMPTS", "RESULT / LAST ERROR"]]
-        for job in jobs:
-            took = job_output.took_s(job)
-            outcome = job.result if job.status == "finished" else job_output.last_error(job)
-            table.append(
-                [
-                    str(job.pk),
-                    job.name,
-                    job.queue,
-                    job.status,
-                    ops.local_time(job.finished_ms),
-                    f"{took:.3f} s" if took is not None else "-",
-                    f"{job.attempts}/{job.max_attempts}",
-                    job_output.clip(outcome or "", 60),
-                ]
-            )
-        self._table(table)
-
-    def do_failed(self, options: dict[str, Any]) -> None:
-        jobs = ops.failed(queue=options["queue"], limit=options["limit"])
-        if options["json"]:
-            data = [
-                {
-                    "id": job.pk,
-                    "name": job.name,
-                    "queue": job.queue,
-                    "attempts": job.attempts,
-                    "max_attempts": job.max_attempts,
-                    "died_at": job_output.iso(job.finished_ms),
-                    "arguments": json.loads(job.arguments),
-                    "errors": job.error_list,
-                }
-                for job in jobs
-            ]
-            self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
-            return
-        if not jobs:
-            self.stdout.write("No dead letters.")
-            return
-        table = [["ID", "NAME", "QUEUE", "ATTEMPTS", "DIED", "LAST ERROR"]]
-        for job in jobs:
-            table.append(
-                [
-                    str(job.pk),
-                    job.name,
-                    job.queue,
-                    f"{job.attempts}/{job.max_attempts}",
-                    ops.local_time(job.finished_ms),
-                    job_output.clip(job_output.last_error(job), 80),
                 ]
             )
         self._table(table)

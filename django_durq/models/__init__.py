@@ -1,8 +1,10 @@
 """The queue's tables: jobs, live worker processes, cron schedule state, duty leases, per-minute counts.
 
 Times are integer epoch milliseconds (see ``clock.py``). The hot statements (claim, renew,
-complete) are raw SQL in ``db/``; this module holds the schema and a readable QuerySet vocabulary
-for everything else (admin, ops, tests).
+complete) are raw SQL in ``db/``; this package holds the schema and a readable QuerySet vocabulary
+for everything else (admin, ops, tests). The statuses and the QuerySet are in ``statuses.py``, the
+flow-control tables in ``flow.py``, the workflows' in ``workflows.py``; every name is importable
+from here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,17 @@ from typing import Any, ClassVar
 from django.db import models
 from django.db.models import Case, F, Q, When
 
-from .clock import ms_to_datetime
+from ..clock import ms_to_datetime
+
+# The tables and names of the other modules here, importable from django_durq.models as Django's apps expect.
+from .flow import JobStart as JobStart
+from .flow import LimitPlace as LimitPlace
+from .flow import QueueControl as QueueControl
+from .statuses import ACTIVE_STATUSES as ACTIVE_STATUSES
+from .statuses import JobQuerySet as JobQuerySet
+from .statuses import Status as Status
+from .workflows import Dependency as Dependency
+from .workflows import Workflow as Workflow
 
 # How ``Job.wait()`` reads a result: ``apps.ready()`` hands in ``enqueue.results.result`` (an
 # operation, which the vocabulary must not import).
@@ -24,53 +36,6 @@ _result_reader: dict[str, Callable[..., Any]] = {}
 
 def hand_in_result_reader(read: Callable[..., Any]) -> None:
     _result_reader["read"] = read
-
-
-class Status(models.TextChoices):
-    WAITING = "waiting", "Waiting"
-    # A job of a workflow that waits for upstream jobs to end (see workflows.py). Every claim takes
-    # only 'waiting' rows, so no due time, whoever writes it, can start a blocked job: the
-    # transaction that counts its last upstream end turns it 'waiting' (db/dependencies.py).
-    BLOCKED = "blocked", "Blocked"
-    RUNNING = "running", "Running"
-    FINISHED = "finished", "Finished"
-    DEAD = "dead", "Dead"
-    CANCELLED = "cancelled", "Cancelled"
-
-
-# Not ended yet: such a job holds its dedupe key and can be cancelled.
-ACTIVE_STATUSES = (Status.WAITING, Status.BLOCKED, Status.RUNNING)
-
-
-class JobQuerySet(models.QuerySet["Job"]):
-    def in_queue(self, queue: str) -> JobQuerySet:
-        return self.filter(queue=queue)
-
-    def active(self) -> JobQuerySet:
-        return self.filter(status__in=ACTIVE_STATUSES)
-
-    def waiting(self) -> JobQuerySet:
-        return self.filter(status=Status.WAITING)
-
-    def blocked(self) -> JobQuerySet:
-        return self.filter(status=Status.BLOCKED)
-
-    def due(self, now_ms: int) -> JobQuerySet:
-        return self.filter(status=Status.WAITING, run_at_ms__lte=now_ms)
-
-    def delayed(self, now_ms: int) -> JobQuerySet:
-        return self.filter(status=Status.WAITING, run_at_ms__gt=now_ms)
-
-    def running(self) -> JobQuerySet:
-        return self.filter(status=Status.RUNNING)
-
-    def dead(self) -> JobQuerySet:
-        # A dead job always has finished_ms; saying so lets SQLite and PostgreSQL use the index
-        # on (status, finished_ms), which holds only rows that have one.
-        return self.filter(status=Status.DEAD, finished_ms__isnull=False)
-
-    def finished(self) -> JobQuerySet:
-        return self.filter(status=Status.FINISHED)
 
 
 class Job(models.Model):
@@ -307,113 +272,3 @@ class Queue(QueueStat):
         proxy = True
         verbose_name = "queue"
         verbose_name_plural = "queues"
-
-
-class QueueControl(models.Model):
-    """A queue's flow-control state, shared by every worker: paused, and whether claims take its gate.
-
-    A row exists once a queue was paused or got a job with a limit; no row means "not paused,
-    no limited jobs". Claims of a limited queue lock this row first, so that workers counting
-    places and recent starts take turns; the row ``:keys`` is the turn of every limited claim
-    (see db/gates.py).
-    """
-
-    queue = models.CharField(max_length=100, primary_key=True)
-    paused = models.BooleanField(default=False)
-    paused_ms = models.BigIntegerField(null=True, blank=True, help_text="When it was paused.")
-    limited = models.BooleanField(default=False, help_text="A job with a limit was queued here: claims take turns.")
-    updated_ms = models.BigIntegerField()
-    # The last pause or resume, as an operator gave it (ops.pause, ops.resume): when, who and why.
-    # NULL on a row no operator switched; nullable, so that adding them rewrites no table.
-    switched_ms = models.BigIntegerField(null=True, blank=True, help_text="When it was last paused or resumed.")
-    switched_by = models.CharField(max_length=150, null=True, blank=True, help_text="Who paused or resumed it last.")
-    switch_reason = models.CharField(max_length=500, null=True, blank=True, help_text="Why, in their words.")
-
-    class Meta:
-        db_table = "durq_queue_control"
-
-    def __str__(self) -> str:
-        return f"{self.queue} ({'paused' if self.paused else 'running'})"
-
-
-class JobStart(models.Model):
-    """One start of a rate-limited job: the sliding window of a rate limit counts these rows.
-
-    ``scope`` is ``q:<queue>`` for a queue's rate or ``key:<key>`` for a key's, whatever the
-    queue. ``period_ms`` is the longest window counted on the scope when the row was written; the
-    newest row carries it on, and the scope's rows are kept that long (see ``db/starts.py``).
-    """
-
-    scope = models.CharField(max_length=400)
-    started_ms = models.BigIntegerField()
-    period_ms = models.BigIntegerField(null=True, blank=True, help_text="How long the scope's starts are kept.")
-
-    class Meta:
-        db_table = "durq_start"
-        indexes = [models.Index(fields=["scope", "started_ms"], name="durq_start_window")]
-
-    def __str__(self) -> str:
-        return f"{self.scope}@{self.started_ms}"
-
-
-class Workflow(models.Model):
-    """Jobs queued together, some waiting for others (see workflows.py): one row per workflow."""
-
-    name = models.CharField(max_length=200)
-    created_ms = models.BigIntegerField()
-    on_failure = models.CharField(max_length=6, default="cancel", help_text="The default for its jobs: cancel or run.")
-
-    class Meta:
-        db_table = "durq_workflow"
-
-    def __str__(self) -> str:
-        return f"{self.name}#{self.pk}"
-
-
-class Dependency(models.Model):
-    """Job ``job_id`` waits for job ``depends_on_id`` to end; ``settled`` once that end was counted.
-
-    Each edge is counted once, by compare-and-set on ``settled``: a job that ended is never
-    counted twice by its dependents, whichever worker or sweep sees it end.
-    """
-
-    job_id = models.BigIntegerField()
-    depends_on_id = models.BigIntegerField()
-    settled = models.BooleanField(default=False)
-
-    class Meta:
-        db_table = "durq_dependency"
-        indexes = [
-            models.Index(fields=["job_id"], name="durq_dependency_job"),
-            models.Index(fields=["depends_on_id", "settled"], name="durq_dependency_upstream"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.job_id} after {self.depends_on_id}"
-
-
-class LimitPlace(models.Model):
-    """A place under a limit, held by one handler of a limited job from its claim until its thread ends.
-
-    The limited claim counts these rows, never rows whose status is ``running``: a handler whose
-    attempt was settled without it (a timeout, a lapsed lease) still runs, and still holds its
-    key's and its queue's place. A place of a worker process that has ended is freed by the
-    maintenance duty that removes the worker's row (see ``db/places.py``).
-    """
-
-    job_id = models.BigIntegerField()
-    claim_token = models.BigIntegerField()
-    queue = models.CharField(max_length=100)
-    limit_key = models.CharField(max_length=255, null=True, blank=True)
-    limit_running = models.PositiveIntegerField(null=True, blank=True, help_text="The job's own limit on its key.")
-    worker_id = models.CharField(max_length=200)
-    taken_ms = models.BigIntegerField()
-
-    class Meta:
-        db_table = "durq_limit_place"
-        # No index but the attempt's: a claim reads the whole table (as small as what runs under
-        # limits), and every index would cost each place taken and freed.
-        constraints = [models.UniqueConstraint(fields=["job_id", "claim_token"], name="durq_limit_place_attempt")]
-
-    def __str__(self) -> str:
-        return f"{self.limit_key or self.queue} held by job {self.job_id}#{self.claim_token}"

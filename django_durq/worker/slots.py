@@ -1,0 +1,180 @@
+"""A pool's slots: threads that take a buffered job, run it and retire it, and the reaping of timed-out handlers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import connections
+
+from ..conf import hooks
+from ..execution.outcomes import ABANDONED, log_extra
+from .attempt import FINISHING, RUNNING, Attempt
+from .claim_ahead import ClaimAhead
+from .completions import FLUSH_BATCH
+from .pause_guard import PauseGuard
+from .slot_connections import SlotConnections
+
+logger = logging.getLogger("django_durq")
+
+# How long past its timeout a handler may run before its slot is given to a new thread.
+TIMEOUT_GRACE_MS = 1_000
+# A slot idle for longer than this checks its connections before the next handler runs.
+IDLE_CHECK_S = 1.0
+
+
+class Slots(ClaimAhead):
+    """The slot threads (a part of :class:`~.pool.Pool`)."""
+
+    # Set by Pool.__init__.
+    kick: threading.Event
+    _has_ready: threading.Condition
+    _running: set[Attempt]
+    _busy: int
+    _closing: bool
+    _threads: list[threading.Thread]
+    _completions_since: float
+    _low_water: int
+    pause_guard: PauseGuard
+
+    def _add_thread(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"durq-{self.queue}-{len(self._threads)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def running(self) -> list[Attempt]:
+        with self._lock:
+            return list(self._running)
+
+    def running_now(self) -> int:
+        """How many handlers run, read without the lock: safe in a signal handler."""
+        return len(self._running)
+
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def held(self) -> int:
+        """Jobs this pool holds a lease on and has not finished: running plus buffered."""
+        with self._lock:
+            return self._busy + len(self._ready)
+
+    def _next_job(self, finished: Attempt | None) -> Attempt | None:
+        """Retire the slot's finished attempt and take the next buffered one; None when this thread should end.
+
+        One critical section does both, as this runs once per job.
+        """
+        runtime = self.runtime
+        flush = False
+        with self._has_ready:
+            if finished is not None:
+                self._running.discard(finished)
+                completion = self._finished_results.pop(finished.lease, None)
+                if completion is not None:
+                    finished.state = FINISHING
+                    finished.result = completion.result
+                    if completion.keep:
+                        finished.stored, finished.finished_ms = completion.stored, completion.finished_ms
+                    self._completions.append(finished)
+                    pending = len(self._completions)
+                    if pending == 1:
+                        self._completions_since = time.monotonic()
+                    flush = pending == 1 or pending == FLUSH_BATCH
+                else:
+                    runtime.book.remove(finished)  # its outcome is recorded, or was never ours to record
+                if finished.abandoned:
+                    if flush:
+                        self.kick.set()
+                    return None  # a replacement thread already took this slot
+                self._busy -= 1
+            # Once claiming stops, buffered jobs are no longer started: the dispatcher hands them back.
+            while not self._ready or runtime.stop_claiming.is_set():
+                if self._closing:
+                    return None
+                self.kick.set()  # a free slot (and maybe a completion): the dispatcher may act
+                self._has_ready.wait()
+            attempt = self._ready.popleft()
+            attempt.state = RUNNING
+            self._busy += 1
+            self._running.add(attempt)
+            left = len(self._ready)
+        if flush or left == 0 or left == self._low_water:
+            self.kick.set()  # completions to record, or the buffer needs refilling
+        return attempt
+
+    def _may_start(self, attempt: Attempt) -> bool:
+        """Whether the slot may start ``attempt`` (see ``pause_guard.py``); if its queue is paused, the
+        attempt and every buffered one are handed back, attempts not counted.
+        """
+        if self.pause_guard.may_start():
+            return True
+        with self._lock:
+            self._running.discard(attempt)
+            self._busy -= 1
+        self._release_unstarted([attempt])
+        self._hand_back(everything=True)
+        logger.info("durq: queue %r is paused; its jobs claimed ahead were handed back", self.queue)
+        self.kick.set()
+        return False
+
+    def _work(self) -> None:
+        runtime = self.runtime
+        idle_since = 0.0
+        slot_connections = SlotConnections()
+        attempt: Attempt | None = None
+        while True:
+            attempt = self._next_job(attempt)
+            if attempt is None:
+                break
+            if not self._may_start(attempt):
+                attempt = None  # handed back: nothing to retire
+                continue
+            started = time.monotonic()
+            if started - idle_since > IDLE_CHECK_S:
+                slot_connections.after_idle()
+            outcome = "error"
+            try:
+                outcome = self.executor.run(attempt.job, attempt.ctx)
+            except BaseException:  # the database stayed down past every retry
+                logger.exception(
+                    "durq: could not record the outcome of job %s (%s); its lease will expire",
+                    attempt.job.id,
+                    attempt.job.name,
+                    extra=log_extra(attempt.job),
+                )
+            # The handler has returned; unless a completion carries its place, free that now (or at the next write).
+            if attempt.job.placed and attempt.lease not in self._finished_results and not self.places.free([attempt.lease]):
+                self.kick.set()
+            slot_connections.tidy()
+            idle_since = time.monotonic()
+            took = idle_since - started
+            mean = self._mean_job_s
+            self._mean_job_s = took if mean is None else mean + (took - mean) / 8
+            if outcome != ABANDONED:
+                runtime.job_done(outcome)
+        connections.close_all()  # the slot's, handlers' own included
+
+    def reap_timeouts(self) -> None:
+        """Fail attempts that ran past their timeout and give their slot to a fresh thread.
+
+        Python cannot kill a thread: the hung handler keeps running, but its later writes are
+        fenced off, and the pool keeps its full number of working slots.
+        """
+        for attempt in self.running():
+            overdue_s = attempt.ctx.overdue_by_s()
+            if overdue_s is None or overdue_s * 1000 < TIMEOUT_GRACE_MS or attempt.ctx.settled:
+                continue
+            with self._lock:
+                if attempt.abandoned or attempt not in self._running:
+                    continue
+                attempt.abandoned = True
+                self._running.discard(attempt)
+                self._busy -= 1
+            hooks.jitter("reap")
+            try:
+                self.executor.record_timeout(attempt.job, attempt.ctx)
+            finally:
+                self.runtime.book.remove(attempt)
+                self._add_thread()
+                self.kick.set()
