@@ -10,10 +10,14 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from django_durq.clock import now_ms
+from django_durq.conf import get_settings
+from django_durq.db.store import Store
 from django_durq.models import Job
 from tests.ops.test_ops import make_job
 
 SCRIPT = "<script>alert(1)</script>"
+JOBS = "/admin/django_durq/job/"
+QUEUES = "/admin/django_durq/queue/"
 PASSWORD = "correct horse battery staple"
 WAIT_S = 15  # liveness cap for a page to show what it should
 
@@ -40,6 +44,12 @@ def dead_letter(**fields: object) -> Job:
         for n in (1, 2, 3)
     ]
     return make_job("dead", **{"errors": json.dumps(errors), "finished_ms": now_ms(), **fields})
+
+
+def claim(queue: str, count: int, worker_id: str) -> list[int]:
+    """Claim due jobs of ``queue`` as the worker would, running none of them."""
+    settings = get_settings()
+    return [job.id for job in Store(settings.database).claim(queue, count, now_ms(), worker_id, settings.queue(queue).limits)]
 
 
 def text(response: Any) -> str:

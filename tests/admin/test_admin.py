@@ -21,7 +21,7 @@ from django_durq.clock import now_ms
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
 from django_durq.ops import format_age as age
-from tests.admin.helpers import SCRIPT, dead_letter, messages_of, staff, text
+from tests.admin.helpers import JOBS, QUEUES, SCRIPT, dead_letter, messages_of, staff, text
 from tests.ops.test_ops import ended_worker, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_admin")]
@@ -29,9 +29,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_admin")]
 urlpatterns = [path("admin/", admin.site.urls), path("durq/", include("django_durq.urls"))]
 
 LOST = "lease expired: worker lost"
-JOBS = "/admin/django_durq/job/"
 DEAD = "/admin/django_durq/deadletter/"
-QUEUES = "/admin/django_durq/queue/"
 
 
 def action(client: Client, url: str, name: str, ids: list[int], **extra: str):

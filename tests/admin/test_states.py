@@ -17,18 +17,14 @@ from django.test import Client, override_settings
 
 from django_durq import Workflow, ops, schedules
 from django_durq.clock import now_ms
-from django_durq.conf import get_settings
-from django_durq.db.store import Store
 from django_durq.models import Job, WorkerProcess
 from django_durq.testing import drain
-from tests.admin.helpers import SCRIPT, messages_of, staff, text
+from tests.admin.helpers import JOBS, QUEUES, SCRIPT, claim, messages_of, staff, text
 from tests.conftest import wait_until
 from tests.ledger import jobs
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_admin")]
 
-JOBS = "/admin/django_durq/job/"
-QUEUES = "/admin/django_durq/queue/"
 LIVE = "web-1:4101:a1b2c1"
 LOG = "/srv/media/runs.log"
 
@@ -40,12 +36,6 @@ def worker(worker_id: str, queues: dict[str, int], seen_ago_ms: int = 1_000) -> 
         worker_id=worker_id, host=host, pid=int(pid), queues=json.dumps(queues), started_ms=now - 3_600_000,
         last_seen_ms=now - seen_ago_ms,
     )  # fmt: skip
-
-
-def claim(queue: str, count: int, worker_id: str) -> list[int]:
-    """Claim due jobs of ``queue`` as the worker would, running none of them."""
-    settings = get_settings()
-    return [job.id for job in Store(settings.database).claim(queue, count, now_ms(), worker_id, settings.queue(queue).limits)]
 
 
 def state_cell(page: str, job_id: int) -> str:
