@@ -1,9 +1,11 @@
 """docs/architecture.md cannot rot: what it names exists, and it maps every promise and every room.
 
 Every `` `django_durq/…` `` or `` `tests/…` `` path it names is a file or folder of the repository, and
-every `` `tests/….py::test_…` `` a test function of that file; every promise of docs/guarantees.md
-(the terms of "What holds on every database" and the rows of "How each database claims") has a row
-on the map, and every room of tests/test_layers.py is named there.
+every `` `tests/….py::test_…` `` a test function of that file, every other `` `test_…` `` a test
+function somewhere in tests/, and every other name in backticks (`` `_fence` ``, `` `Store.retrying` ``)
+a word of the package's source; every promise of docs/guarantees.md (the terms of "What holds on
+every database" and the rows of "How each database claims") has a row on the map, and every room of
+tests/test_layers.py is named there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ GUARANTEES = ROOT / "docs" / "guarantees.md"
 
 # A path in backticks, optionally with a test: `tests/db/test_flow.py::test_rates_parse_to_a_count_per_window`.
 NAMED = re.compile(r"`((?:django_durq|tests)/[\w/.]*?)(?:::(\w+))?`")
+# Any other name in backticks, a call's parentheses dropped; not a page named by {doc}.
+CODE = re.compile(r"(?<!\{doc\})`([A-Za-z_][\w.]*)(?:\(\))?`")
+# Words of the text that name no code of the package.
+NOT_CODE = {"ast"}
 
 
 def named(text: str) -> list[tuple[str, str | None]]:
@@ -30,6 +36,10 @@ def functions_of(path: Path) -> set[str]:
     """Names of the functions a test file defines, at module level or in a class."""
     tree = ast.parse(path.read_text())
     return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def words_of(root: Path) -> set[str]:
+    return {word for path in root.rglob("*.py") for word in re.findall(r"\w+", path.read_text())}
 
 
 def promises() -> list[str]:
@@ -49,6 +59,19 @@ def test_every_path_and_test_the_map_names_exists() -> None:
     assert not missing, f"docs/architecture.md names paths that do not exist: {sorted(set(missing))}"
     unknown = [f"{path}::{test}" for path, test in found if test and test not in functions_of(ROOT / path)]
     assert not unknown, f"docs/architecture.md names tests that do not exist: {unknown}"
+
+
+def test_every_test_and_name_of_the_code_the_map_names_exists() -> None:
+    text = MAP.read_text()
+    tests = {name for path in (ROOT / "tests").rglob("test_*.py") for name in functions_of(path)}
+    bare = [name for name in CODE.findall(text) if name.startswith("test_")]
+    assert bare, "the map names the tests of tests/test_layers.py"
+    missing = [name for name in bare if name not in tests]
+    assert not missing, f"docs/architecture.md names tests that do not exist: {missing}"
+    source = words_of(ROOT / "django_durq")
+    names = [name for name in CODE.findall(text) if not name.startswith("test_") and name not in NOT_CODE]
+    unknown = [name for name in names if not all(part in source for part in name.split("."))]
+    assert not unknown, f"docs/architecture.md names what the package's source does not have: {unknown}"
 
 
 def test_every_promise_of_the_guarantees_has_a_row() -> None:
