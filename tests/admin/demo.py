@@ -22,10 +22,9 @@ from django.conf import settings
 
 from django_durq import Workflow, ops, schedules
 from django_durq.clock import ManualClock, now_ms, use_clock
-from django_durq.conf import get_settings
-from django_durq.db.store import Store
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.testing import drain
+from tests.admin.helpers import claim
 from tests.ledger import jobs
 
 # Worker rows count as live for three heartbeat intervals since they last wrote (ops.LIVE_HEARTBEATS).
@@ -78,19 +77,19 @@ def seed() -> Demo:
     demo.workflow, demo.blocked = _workflow("publish video 42")
     # Running jobs: claimed by a worker and not run, as a worker's handlers hold them.
     demo.orphaned = jobs.sleeper.using(queue="fast").enqueue(seconds=600).pk
-    _claim("fast", 1, GONE)
+    claim("fast", 1, GONE)
     WorkerProcess.objects.create(
         worker_id=GONE, host="web-3", pid=4103, queues=json.dumps({"default": 4, "fast": 2}),
         started_ms=now - 5 * 3_600_000, last_seen_ms=now - 3 * HEARTBEAT_S * 1000 - 420_000, jobs_done=5_210,
     )  # fmt: skip
     keyed = [jobs.one_per_key.using(queue="fast").enqueue(key="customer-7", log=LOG) for _ in range(2)]
-    _claim("fast", 1, "web-1:4101:a1b2c1")
+    claim("fast", 1, "web-1:4101:a1b2c1")
     demo.held_by_key = keyed[1].pk
     video = [jobs.capped.enqueue(log=LOG) for _ in range(5)]
-    claimed = _claim("video", 3, "web-1:4101:a1b2c1")
+    claimed = claim("video", 3, "web-1:4101:a1b2c1")
     demo.held_by_queue = [job.pk for job in video if job.pk not in claimed]
     demo.running = jobs.progress.using(queue="slow").enqueue(steps=40).pk
-    _claim("slow", 1, "web-2:4102:a1b2c2")
+    claim("slow", 1, "web-2:4102:a1b2c2")
     Job.objects.filter(pk=demo.running).update(progress_done=27, progress_total=40)
     demo.paused = jobs.encode_video.enqueue(video_id=9000, preset="720p").pk
     jobs.encode_video.enqueue(video_id=9001, preset="720p")
@@ -111,12 +110,6 @@ def _workers(now: int) -> None:
             worker_id=worker_id, host=host, pid=int(pid), queues=json.dumps(queues),
             started_ms=now - (3 + index) * 3_600_000, last_seen_ms=now - 2_000, jobs_done=18_611 + 4_000 * index,
         )  # fmt: skip
-
-
-def _claim(queue: str, count: int, worker_id: str) -> list[int]:
-    """Claim due jobs of ``queue`` as ``worker_id`` would, and run none of them."""
-    store = Store(get_settings().database)
-    return [job.id for job in store.claim(queue, count, now_ms(), worker_id, get_settings().queue(queue).limits)]
 
 
 def _dead_letters(now: int) -> list[int]:
@@ -186,7 +179,7 @@ def _workflow(name: str) -> tuple[int, int]:
     flow.add(jobs.step, tag="notify 1,204 followers", after=[publish])
     flow.enqueue()
     drain(max_jobs=1)
-    _claim("default", 1, "web-1:4101:a1b2c1")
+    claim("default", 1, "web-1:4101:a1b2c1")
     return flow.row.pk, package.job.pk
 
 

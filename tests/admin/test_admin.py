@@ -8,7 +8,7 @@ import re
 import pytest
 from django.conf import settings
 from django.contrib import admin
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
@@ -21,60 +21,19 @@ from django_durq.clock import now_ms
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.ops import Bucket
 from django_durq.ops import format_age as age
+from tests.admin.helpers import JOBS, QUEUES, SCRIPT, dead_letter, messages_of, staff, text
 from tests.ops.test_ops import ended_worker, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_admin")]
 
 urlpatterns = [path("admin/", admin.site.urls), path("durq/", include("django_durq.urls"))]
 
-SCRIPT = "<script>alert(1)</script>"
 LOST = "lease expired: worker lost"
-JOBS = "/admin/django_durq/job/"
 DEAD = "/admin/django_durq/deadletter/"
-QUEUES = "/admin/django_durq/queue/"
-
-
-def staff(username: str, *codenames: str) -> Client:
-    user = User.objects.create_user(username, is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_durq", codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def superuser() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root"))
-    return client
-
-
-def dead_letter(**fields: object) -> Job:
-    errors = [
-        {
-            "attempt": n,
-            "at_ms": 1_700_000_000_000 + n,
-            "worker": "web-1:42:abc",
-            "kind": "exception",
-            "type": "ValueError",
-            "message": f"attempt {n} broke",
-            "traceback": f"Traceback (most recent call last):\n  line {n}\nValueError: attempt {n} broke",
-        }
-        for n in (1, 2, 3)
-    ]
-    return make_job("dead", **{"errors": json.dumps(errors), "finished_ms": now_ms(), **fields})
 
 
 def action(client: Client, url: str, name: str, ids: list[int], **extra: str):
     return client.post(url, {"action": name, "_selected_action": [str(i) for i in ids], "index": "0", **extra}, follow=True)
-
-
-def text(response) -> str:
-    return " ".join(response.content.decode().split())
-
-
-def messages_of(response) -> list[str]:
-    return [str(message) for message in response.context["messages"]]
 
 
 # --- jobs ---------------------------------------------------------------------------------------

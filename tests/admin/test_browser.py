@@ -7,143 +7,19 @@ The screenshots in the docs are made by ``tests/admin/test_browser_fit.py``.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
-import tempfile
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_durq import ops
 from django_durq.clock import ManualClock, now_ms, use_clock
 from django_durq.models import Job, QueueStat, WorkerProcess
 from django_durq.testing import drain
+from tests.admin.helpers import SCRIPT, Site, user
 from tests.ledger import jobs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-SCRIPT = "<script>alert(1)</script>"
-PASSWORD = "correct horse battery staple"
-WAIT_S = 15  # liveness cap for a page to show what it should
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        missing.append("the selenium package")
-    if missing:
-        message = f"browser tests need {', '.join(missing)} (Debian: chromium chromium-driver; PyPI: selenium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    profile = tempfile.mkdtemp(prefix="durq-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-sync",
-        "--window-size=1280,860",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.implicitly_wait(0)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.fixture
-def site(browser, live_server, settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    return Site(browser, live_server.url)
-
-
-class Site:
-    def __init__(self, driver: Any, url: str) -> None:
-        self.driver = driver
-        self.url = url
-
-    def login(self, username: str) -> None:
-        from selenium.webdriver.common.by import By
-
-        self.driver.delete_all_cookies()
-        self.open("/admin/login/?next=/admin/")
-        self.driver.find_element(By.ID, "id_username").send_keys(username)
-        self.driver.find_element(By.ID, "id_password").send_keys(PASSWORD)
-        self.driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        self.wait_for("#user-tools")
-        assert "Log out" in self.driver.page_source
-
-    def open(self, path: str) -> None:
-        self.driver.get(self.url + path)
-
-    def wait_for(self, selector: str) -> Any:
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        return WebDriverWait(self.driver, WAIT_S).until(
-            expected_conditions.presence_of_element_located((By.CSS_SELECTOR, selector))
-        )
-
-    def find(self, selector: str) -> list[Any]:
-        from selenium.webdriver.common.by import By
-
-        return self.driver.find_elements(By.CSS_SELECTOR, selector)
-
-    def click_link(self, text: str) -> None:
-        from selenium.webdriver.common.by import By
-
-        self.driver.find_element(By.LINK_TEXT, text).click()
-
-    def run_action(self, name: str, ids: list[int]) -> None:
-        from selenium.webdriver.support.ui import Select
-
-        for job_id in ids:
-            self.find(f'input[name="_selected_action"][value="{job_id}"]')[0].click()
-        Select(self.find('select[name="action"]')[0]).select_by_value(name)
-        self.find('button[name="index"]')[0].click()
-
-    def messages(self) -> list[str]:
-        return [element.text for element in self.find("ul.messagelist li")]
-
-    def listed_ids(self) -> list[int]:
-        return [int(element.get_attribute("value")) for element in self.find('input[name="_selected_action"]')]
-
-    def no_alert(self) -> bool:
-        from selenium.common.exceptions import NoAlertPresentException
-
-        try:
-            self.driver.switch_to.alert  # noqa: B018 - raises when no alert is open
-        except NoAlertPresentException:
-            return True
-        return False
-
-
-def user(username: str, *codenames: str, superuser: bool = False) -> User:
-    if superuser:
-        return User.objects.create_superuser(username, password=PASSWORD)
-    account = User.objects.create_user(username, password=PASSWORD, is_staff=True)
-    account.user_permissions.set(Permission.objects.filter(content_type__app_label="django_durq", codename__in=codenames))
-    return account
 
 
 def dead_letters() -> list[Job]:

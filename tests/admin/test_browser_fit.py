@@ -22,7 +22,7 @@ from django.test import override_settings
 
 from django_durq.models import Job
 from tests.admin.demo import GONE, PAUSE_REASON, Demo, demo_settings, seed
-from tests.admin.test_browser import browser, site, user  # noqa: F401 - fixtures
+from tests.admin.helpers import user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
@@ -149,7 +149,7 @@ def screenshot(shown, name: str) -> None:
         set_width(shown, WIDTH)
 
 
-def test_every_page_fits_1366_pixels_and_shows_no_placeholder(site, demo):  # noqa: F811 - the fixture
+def test_every_page_fits_1366_pixels_and_shows_no_placeholder(site, demo):
     user("operator", superuser=True)
     site.login("operator")
     set_width(site, WIDTH)
@@ -176,7 +176,7 @@ def is_grey(shown, element: Any) -> bool:
     return max(red, green, blue) - min(red, green, blue) < 40
 
 
-def test_each_state_is_shown_with_its_reason_on_the_lists_and_the_detail_pages(site, demo):  # noqa: F811 - the fixture
+def test_each_state_is_shown_with_its_reason_on_the_lists_and_the_detail_pages(site, demo):
     user("operator", superuser=True)
     site.login("operator")
     set_width(site, WIDTH)
@@ -222,7 +222,7 @@ def test_each_state_is_shown_with_its_reason_on_the_lists_and_the_detail_pages(s
     assert "Finished" in outcomes["feed-refresh"] and "Dead" in outcomes["card-sweep"] and "never" in outcomes["nightly-report"]
 
 
-def test_the_buttons_that_act_look_like_buttons_and_the_last_error_is_readable(site, demo):  # noqa: F811 - the fixture
+def test_the_buttons_that_act_look_like_buttons_and_the_last_error_is_readable(site, demo):
     user("operator", superuser=True)
     site.login("operator")
     set_width(site, WIDTH)

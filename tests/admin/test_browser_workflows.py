@@ -1,6 +1,6 @@
 """The Workflows pages in headless Chromium: the graph as drawn, and Cancel clicked on a running workflow.
 
-Shares the browser and the helpers of ``tests/admin/test_browser.py``.
+The browser is the session's (``tests/admin/conftest.py``), the helpers those of ``tests/admin/helpers.py``.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from django_durq import Workflow
 from django_durq.clock import ManualClock, now_ms, use_clock
 from django_durq.models import Job
 from django_durq.testing import drain
-from tests.admin.test_browser import browser, site, user  # noqa: F401 - fixtures
+from tests.admin.helpers import user
 from tests.ledger import jobs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_workflow_page_draws_the_graph_and_cancels_the_workflow(site):  # noqa: F811 - the fixture
+def test_a_workflow_page_draws_the_graph_and_cancels_the_workflow(site):
     user("operator", superuser=True)
     flow = Workflow("publish video 42")
     scan = flow.add(jobs.step, tag="scan")

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.urls import include, path
 
-from tests.admin.test_admin import dead_letter
+from tests.admin.helpers import dead_letter
 from tests.ops.test_ops import make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_fuzz")]

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.test import Client, override_settings
+from django.test import override_settings
 
 from django_durq import schedules
 from django_durq.clock import now_ms
 from django_durq.models import Job, Schedule
-from tests.admin.test_admin import staff
+from tests.admin.helpers import staff
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_admin")]
 
 NIGHTLY = {"nightly": {"cron": "0 3 * * *", "job": "tests.effect", "kwargs": {"tag": "cron"}}}
-
-
-@pytest.fixture
-def root() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root"))
-    return client
 
 
 @pytest.fixture
@@ -31,14 +23,14 @@ def declared(settings):
         yield
 
 
-def test_schedules_page_lists_last_and_next_run(declared, root):
-    page = root.get("/admin/django_durq/schedule/").content.decode()
+def test_schedules_page_lists_last_and_next_run(declared, superuser):
+    page = superuser.get("/admin/django_durq/schedule/").content.decode()
     assert "nightly" in page and "0 3 * * *" in page and "tests.effect" in page and "never" in page
 
 
-def test_run_now_queues_one_run_and_leaves_due_times_alone(declared, root):
+def test_run_now_queues_one_run_and_leaves_due_times_alone(declared, superuser):
     before = Schedule.objects.get(name="nightly").next_due_ms
-    response = root.post("/admin/django_durq/schedule/", {"action": "run_now", "_selected_action": ["nightly"]}, follow=True)
+    response = superuser.post("/admin/django_durq/schedule/", {"action": "run_now", "_selected_action": ["nightly"]}, follow=True)
     assert "Queued 1 run: nightly" in response.content.decode()
     job = Job.objects.get()
     assert job.name == "tests.effect" and job.kwargs == {"tag": "cron"}

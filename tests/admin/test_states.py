@@ -12,33 +12,21 @@ import re
 import signal
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 
 from django_durq import Workflow, ops, schedules
 from django_durq.clock import now_ms
-from django_durq.conf import get_settings
-from django_durq.db.store import Store
 from django_durq.models import Job, WorkerProcess
 from django_durq.testing import drain
-from tests.admin.test_admin import SCRIPT, messages_of, staff, text
+from tests.admin.helpers import JOBS, QUEUES, SCRIPT, claim, messages_of, staff, text
 from tests.conftest import wait_until
 from tests.ledger import jobs
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_admin")]
 
-JOBS = "/admin/django_durq/job/"
-QUEUES = "/admin/django_durq/queue/"
 LIVE = "web-1:4101:a1b2c1"
 LOG = "/srv/media/runs.log"
-
-
-@pytest.fixture
-def root() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root"))
-    return client
 
 
 def worker(worker_id: str, queues: dict[str, int], seen_ago_ms: int = 1_000) -> None:
@@ -48,12 +36,6 @@ def worker(worker_id: str, queues: dict[str, int], seen_ago_ms: int = 1_000) -> 
         worker_id=worker_id, host=host, pid=int(pid), queues=json.dumps(queues), started_ms=now - 3_600_000,
         last_seen_ms=now - seen_ago_ms,
     )  # fmt: skip
-
-
-def claim(queue: str, count: int, worker_id: str) -> list[int]:
-    """Claim due jobs of ``queue`` as the worker would, running none of them."""
-    settings = get_settings()
-    return [job.id for job in Store(settings.database).claim(queue, count, now_ms(), worker_id, settings.queue(queue).limits)]
 
 
 def state_cell(page: str, job_id: int) -> str:
@@ -73,7 +55,7 @@ def detail_state(client: Client, job_id: int) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", field.group(1)).split())
 
 
-def test_a_running_job_whose_worker_is_gone_is_orphaned_and_one_whose_worker_lives_is_running(root):
+def test_a_running_job_whose_worker_is_gone_is_orphaned_and_one_whose_worker_lives_is_running(superuser):
     worker(LIVE, {"fast": 2})
     worker("web-3:4103:9f8e7d", {"fast": 2}, seen_ago_ms=3_600_000)
     healthy = jobs.sleeper.using(queue="fast").enqueue(seconds=600)
@@ -82,23 +64,23 @@ def test_a_running_job_whose_worker_is_gone_is_orphaned_and_one_whose_worker_liv
     claim("fast", 1, "web-3:4103:9f8e7d")
     rowless = jobs.sleeper.using(queue="fast").enqueue(seconds=600)
     claim("fast", 1, "web-4:4104:000001")
-    page = root.get(JOBS).content.decode()
+    page = superuser.get(JOBS).content.decode()
 
     assert state_cell(page, healthy.pk).startswith(f"Running on {LIVE}")
     assert state_cell(page, stale.pk).startswith("Orphaned")
     assert "web-3:4103:9f8e7d" in state_cell(page, stale.pk) and "1 h" in state_cell(page, stale.pk)
     assert state_cell(page, rowless.pk).startswith("Orphaned") and "web-4:4104:000001" in state_cell(page, rowless.pk)
-    state = detail_state(root, stale.pk)
+    state = detail_state(superuser, stale.pk)
     assert state.startswith("Orphaned") and "web-3:4103:9f8e7d" in state and "another worker takes it over" in state
-    assert detail_state(root, healthy.pk).startswith(f"Running on {LIVE}")
+    assert detail_state(superuser, healthy.pk).startswith(f"Running on {LIVE}")
     assert set(Job.objects.values_list("status", flat=True)) == {"running"}, "shown, never written"
 
-    queues = root.get(QUEUES).content.decode()
+    queues = superuser.get(QUEUES).content.decode()
     fast = re.search(r'<tr data-queue="fast">(.*?)</tr>', queues, re.S).group(1)
     assert "2 orphaned" in " ".join(re.sub(r"<[^>]+>", " ", fast).split())
 
 
-def test_blocked_held_and_paused_jobs_say_why(root):
+def test_blocked_held_and_paused_jobs_say_why(superuser):
     worker(LIVE, {"default": 4, "video": 3, "fast": 2, "slow": 1})
     flow = Workflow("publish video 42")
     scan = flow.add(jobs.step, tag="scan")
@@ -112,29 +94,29 @@ def test_blocked_held_and_paused_jobs_say_why(root):
     claim("fast", 1, LIVE)
     waiting = jobs.encode_video.enqueue(video_id=9000)
     ops.pause("slow", reason="encoder disk full, OPS-1432", by="ada")
-    page = root.get(JOBS).content.decode()
+    page = superuser.get(JOBS).content.decode()
 
     assert state_cell(page, publish.job.pk) == "Blocked waiting for 3 upstream jobs to end"
     assert state_cell(page, encodes[0].job.pk) == "Blocked waiting for 1 upstream job to end"
     assert state_cell(page, held) == "Held by a limit queue “video” runs 3 of at most 3"
     assert state_cell(page, keyed[1].pk) == "Held by a limit key “customer-7” runs 1 of at most 1"
     assert state_cell(page, waiting.pk).startswith("Paused queue “slow” paused by ada: encoder disk full, OPS-1432 (since ")
-    assert detail_state(root, held) == "Held by a limit queue “video” runs 3 of at most 3"
-    assert "9999" not in page and "None" not in text(root.get(f"{JOBS}{publish.job.pk}/change/"))
+    assert detail_state(superuser, held) == "Held by a limit queue “video” runs 3 of at most 3"
+    assert "9999" not in page and "None" not in text(superuser.get(f"{JOBS}{publish.job.pk}/change/"))
 
     drain(queue="default", max_jobs=2)  # the scan, then a transcode
-    assert state_cell(root.get(JOBS).content.decode(), publish.job.pk) == "Blocked waiting for 2 upstream jobs to end"
+    assert state_cell(superuser.get(JOBS).content.decode(), publish.job.pk) == "Blocked waiting for 2 upstream jobs to end"
 
 
-def test_pause_and_resume_ask_for_a_reason_and_record_who_and_when(root):
-    form = root.get(f"{QUEUES}pause/", {"queue": "fast"})
+def test_pause_and_resume_ask_for_a_reason_and_record_who_and_when(superuser):
+    form = superuser.get(f"{QUEUES}pause/", {"queue": "fast"})
     assert form.status_code == 200 and 'name="reason"' in form.content.decode()
     assert "Pause queue “fast”?" in text(form)
-    refused = root.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "  "})
+    refused = superuser.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "  "})
     assert refused.status_code == 200 and "Say why" in text(refused)
     assert ops.paused_queues() == {}, "no reason, no pause"
 
-    done = root.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "payment provider outage"}, follow=True)
+    done = superuser.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "payment provider outage"}, follow=True)
     assert done.redirect_chain == [(QUEUES, 302)]
     assert messages_of(done) == ["Paused queue “fast”: workers start none of its jobs until it is resumed; running jobs finish."]
     switch = ops.queue_switches()["fast"]
@@ -144,9 +126,9 @@ def test_pause_and_resume_ask_for_a_reason_and_record_who_and_when(root):
     )
     assert "Paused by root" in row and "payment provider outage" in row
 
-    form = text(root.get(f"{QUEUES}resume/", {"queue": "fast"}))
+    form = text(superuser.get(f"{QUEUES}resume/", {"queue": "fast"}))
     assert "Resume queue “fast”?" in form and "payment provider outage" in form and "by root" in form
-    done = root.post(f"{QUEUES}resume/", {"queue": "fast", "reason": "provider is back"}, follow=True)
+    done = superuser.post(f"{QUEUES}resume/", {"queue": "fast", "reason": "provider is back"}, follow=True)
     assert messages_of(done) == ["Resumed queue “fast”: its due jobs start now."]
     switch = ops.queue_switches()["fast"]
     assert (switch.paused, switch.by, switch.reason) == (False, "root", "provider is back") and ops.paused_queues() == {}
@@ -156,17 +138,17 @@ def test_pause_and_resume_ask_for_a_reason_and_record_who_and_when(root):
     assert "Active" in row and "resumed by root" in row and "provider is back" in row
 
 
-def test_pausing_refuses_what_it_should_and_escapes_the_reason(root):
-    assert root.post(f"{QUEUES}pause/", {"queue": "a:b", "reason": "x"}).status_code == 400
-    assert root.get(f"{QUEUES}pause/", {"queue": "a:b"}).status_code == 400
-    long = root.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "x" * 501})
+def test_pausing_refuses_what_it_should_and_escapes_the_reason(superuser):
+    assert superuser.post(f"{QUEUES}pause/", {"queue": "a:b", "reason": "x"}).status_code == 400
+    assert superuser.get(f"{QUEUES}pause/", {"queue": "a:b"}).status_code == 400
+    long = superuser.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "x" * 501})
     assert long.status_code == 200 and "at most 500 characters" in text(long) and ops.paused_queues() == {}
     viewer = staff("viewer", "view_queue")
     assert viewer.get(f"{QUEUES}pause/", {"queue": "fast"}).status_code == 403
     assert viewer.post(f"{QUEUES}pause/", {"queue": "fast", "reason": "x"}).status_code == 403
-    root.post(f"{QUEUES}pause/", {"queue": "fast", "reason": SCRIPT})
+    superuser.post(f"{QUEUES}pause/", {"queue": "fast", "reason": SCRIPT})
     jobs.effect_fast.enqueue(tag="held")
-    for page in (root.get(QUEUES), root.get(JOBS), root.get(f"{QUEUES}resume/", {"queue": "fast"})):
+    for page in (superuser.get(QUEUES), superuser.get(JOBS), superuser.get(f"{QUEUES}resume/", {"queue": "fast"})):
         assert SCRIPT not in page.content.decode() and "&lt;script&gt;alert(1)&lt;/script&gt;" in page.content.decode()
 
 
@@ -206,12 +188,12 @@ def test_durq_pause_and_resume_take_a_reason(monkeypatch):
     assert refused.value.returncode == 2 and ops.paused_queues() == {}
 
 
-def test_the_queues_page_names_the_hosts_serving_each_queue(root):
+def test_the_queues_page_names_the_hosts_serving_each_queue(superuser):
     worker(LIVE, {"default": 4, "fast": 2})
     worker("web-2:4102:a1b2c2", {"default": 4})
     worker("web-2:4107:a1b2c7", {"default": 2})
     worker("web-3:4103:9f8e7d", {"default": 4}, seen_ago_ms=3_600_000)
-    page = root.get(QUEUES).content.decode()
+    page = superuser.get(QUEUES).content.decode()
     cells = dict(re.findall(r'<tr data-queue="([^"]+)">.*?<td class="durq-served">(.*?)</td>', page, re.S))
     served = {queue: " ".join(re.sub(r"<[^>]+>", " ", cell).split()) for queue, cell in cells.items()}
     assert served["default"] == "web-1 · web-2 ×2 3 processes, 10 slots"
@@ -219,7 +201,7 @@ def test_the_queues_page_names_the_hosts_serving_each_queue(root):
     assert served["slow"] == "no live worker"
 
 
-def test_the_schedules_page_shows_last_run_outcome_and_next_due(root, settings):
+def test_the_schedules_page_shows_last_run_outcome_and_next_due(superuser, settings):
     declared = {
         "feed-refresh": {"cron": "*/30 * * * *", "job": "tests.effect", "kwargs": {"tag": "feed"}},
         "card-sweep": {"cron": "15 * * * *", "job": "tests.fail", "kwargs": {"message": "card processor answered 502"}},
@@ -230,9 +212,10 @@ def test_the_schedules_page_shows_last_run_outcome_and_next_due(root, settings):
         schedules.sync(schedules.schedules(now), now - 2 * 3_600_000)
         schedules.tick(now)
         drain()
-        response = root.get("/admin/django_durq/schedule/")
+        response = superuser.get("/admin/django_durq/schedule/")
         page = response.content.decode()
-        detail = " ".join(re.sub(r"<[^>]+>", " ", text(root.get("/admin/django_durq/schedule/feed-refresh/change/"))).split())
+        detail_page = text(superuser.get("/admin/django_durq/schedule/feed-refresh/change/"))
+        detail = " ".join(re.sub(r"<[^>]+>", " ", detail_page).split())
     assert response.context["title"] == "Schedules" and "Select schedule to change" not in page
     rows = {
         name: " ".join(re.sub(r"<[^>]+>", " ", row).split())
@@ -243,23 +226,23 @@ def test_the_schedules_page_shows_last_run_outcome_and_next_due(root, settings):
     assert re.search(r"Next due: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", detail) and "Last job: #" in detail
 
 
-def test_no_placeholder_on_the_detail_of_a_schedule_that_never_ran(root, settings):
+def test_no_placeholder_on_the_detail_of_a_schedule_that_never_ran(superuser, settings):
     with override_settings(DURQ={**settings.DURQ, "SCHEDULES": {"nightly": {"cron": "0 3 * * *", "job": "tests.noop"}}}):
         schedules.sync(schedules.schedules(now_ms()), now_ms())
-        detail = text(root.get("/admin/django_durq/schedule/nightly/change/"))
+        detail = text(superuser.get("/admin/django_durq/schedule/nightly/change/"))
     assert "None" not in detail and "never" in detail and not re.search(r"\b1[7-9]\d{11}\b", detail), "times, not epoch ms"
 
 
 @pytest.mark.one_leg
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
-def test_a_job_left_running_by_a_killed_worker_is_shown_orphaned(spawn_worker, root):
+def test_a_job_left_running_by_a_killed_worker_is_shown_orphaned(spawn_worker, superuser):
     sleeper = jobs.sleeper.enqueue(seconds=600)
     process = spawn_worker("--queue", "default:1")
     wait_until(lambda: Job.objects.get(pk=sleeper.pk).status == "running", 30, "the job to start")
-    assert detail_state(root, sleeper.pk).startswith("Running on ")
+    assert detail_state(superuser, sleeper.pk).startswith("Running on ")
     process.signal(signal.SIGKILL)
     process.wait(timeout=10)
     # A held presence lock is released with the process; a heartbeat row ages out in three intervals.
-    wait_until(lambda: detail_state(root, sleeper.pk).startswith("Orphaned"), 40, "the job to be shown orphaned")
+    wait_until(lambda: detail_state(superuser, sleeper.pk).startswith("Orphaned"), 40, "the job to be shown orphaned")
     assert Job.objects.get(pk=sleeper.pk).status == "running"

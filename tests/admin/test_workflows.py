@@ -17,7 +17,7 @@ from django_durq.admin.workflow_graph import NODE_W, depths
 from django_durq.clock import ManualClock, use_clock
 from django_durq.models import Job
 from django_durq.testing import drain
-from tests.admin.test_admin import SCRIPT, messages_of, staff, text
+from tests.admin.helpers import SCRIPT, messages_of, staff, text
 from tests.ledger import jobs
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.admin.test_workflows")]
@@ -30,13 +30,6 @@ START = 1_800_000_000_000
 
 def page(workflow_id: int, action: str = "change") -> str:
     return f"{LIST}{workflow_id}/{action}/"
-
-
-@pytest.fixture
-def superuser() -> Client:
-    client = Client()
-    client.force_login(User.objects.create_superuser("root"))
-    return client
 
 
 def media(name: str = "video 42", fail_scan: bool = False) -> tuple[Workflow, dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import threading
 import time
@@ -23,6 +24,7 @@ from django_durq.db.store import Store
 from django_durq.exceptions import InvalidPayload
 from django_durq.models import ACTIVE_STATUSES, Job, Status, WorkerProcess
 from tests.conftest import db_vendor, wait_until
+from tests.enqueue.helpers import in_thread
 from tests.ledger import jobs
 from tests.ledger.models import Effect, Order
 
@@ -52,7 +54,7 @@ def _active(key: str) -> list[Job]:
 )
 @pytest.mark.django_db
 def test_a_bad_on_duplicate_is_refused_by_using_before_any_sql(options, error, message):
-    with CaptureQueriesContext(connections["default"]) as queries, pytest.raises(error, match=_literal(message)):
+    with CaptureQueriesContext(connections["default"]) as queries, pytest.raises(error, match=re.escape(message)):
         jobs.effect.using(**options)
     assert len(queries) == 0
 
@@ -204,18 +206,6 @@ ROUNDS = 8
 ENQUEUERS = 6
 
 
-def _in_thread(target: Callable[[], None]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
 def _stall(execute, sql, params, many, context):
     """An injected stall before the enqueue's insert and its locking read: where a thread may lose the CPU."""
     if sql.startswith("INSERT INTO durq_job") or sql.endswith("FOR UPDATE"):
@@ -262,9 +252,9 @@ def _replacers(key: str, mode: str, *, before: Callable[[], None] | None = None)
 
         return go
 
-    threads = [_in_thread(enqueuer(index)) for index in range(ENQUEUERS)]
+    threads = [in_thread(enqueuer(index)) for index in range(ENQUEUERS)]
     if before is not None:
-        threads.append(_in_thread(first_wait_then(before)))
+        threads.append(in_thread(first_wait_then(before)))
     for thread in threads:
         thread.join()
     return returned, order, errors
@@ -364,7 +354,7 @@ def test_a_replacer_never_waits_for_the_worker_deleting_the_holder_it_failed_to_
             return execute(sql, params, many, context)
         except IntegrityError:
             if sql.startswith("INSERT INTO durq_job") and not worker:
-                worker.append(_in_thread(complete))
+                worker.append(in_thread(complete))
                 # InnoDB refreshes what information_schema shows of locks only after 0.1 s unread.
                 wait_until(lambda: _lock_waits_here() == 1, 10, "the worker's DELETE to wait for the enqueue's lock", 0.2)
             raise
@@ -403,7 +393,7 @@ def _claim_race(round_number: int) -> tuple[list[str], list[str], str]:
 
         return enqueue
 
-    for thread in [_in_thread(claimer)] + [_in_thread(replacer(index)) for index in range(ENQUEUERS)]:
+    for thread in [in_thread(claimer)] + [in_thread(replacer(index)) for index in range(ENQUEUERS)]:
         thread.join()
     return claimed, errors, key
 
@@ -452,9 +442,3 @@ def test_an_idle_worker_wakes_when_a_replace_moves_the_due_time_earlier(spawn_wo
     wait_until(lambda: Effect.objects.filter(tag="now").exists(), 10, "the woken worker")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
-
-
-def _literal(text: str) -> str:
-    import re
-
-    return re.escape(text)

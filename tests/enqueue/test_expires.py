@@ -11,26 +11,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from django_durq import Workflow, job, ops
-from django_durq.clock import ManualClock, use_clock
+from django_durq.clock import ManualClock
 from django_durq.conf import get_settings
 from django_durq.handlers.registry import registry
 from django_durq.models import Job
 from django_durq.testing import drain
 from django_durq.worker.duties import ExpiryDuty
 from tests.conftest import wait_until
+from tests.enqueue.helpers import START
 from tests.ledger import jobs
 from tests.ledger.models import Effect
 
 pytestmark = pytest.mark.django_db
-
-START = 1_800_000_000_000
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=START)
-    with use_clock(manual):
-        yield manual
 
 
 def sweep(clock: ManualClock) -> dict[str, int]:

@@ -11,29 +11,18 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from django_durq.clock import now_ms
 from django_durq.db.store import Store
 from django_durq.models import ACTIVE_STATUSES, Job
 from tests.conftest import db_vendor, wait_until
+from tests.enqueue.helpers import in_thread
 from tests.ledger import jobs
 from tests.ledger.models import Order
 
 ROUNDS = 20
 ENQUEUERS = 8
-
-
-def _in_thread(target: Callable[[], None]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def _race(round_number: int) -> tuple[list[int], list[str]]:
@@ -65,7 +54,7 @@ def _race(round_number: int) -> tuple[list[int], list[str]]:
 
         return enqueue
 
-    threads = [_in_thread(complete)] + [_in_thread(enqueuer(index)) for index in range(ENQUEUERS)]
+    threads = [in_thread(complete)] + [in_thread(enqueuer(index)) for index in range(ENQUEUERS)]
     for thread in threads:
         thread.join()
     return returned, errors
@@ -123,7 +112,7 @@ def test_a_lock_wait_that_times_out_on_a_held_key_is_retried_inside_the_callers_
         finally:
             finished.set()
 
-    for thread in [_in_thread(holder), _in_thread(enqueuer)]:
+    for thread in [in_thread(holder), in_thread(enqueuer)]:
         thread.join()
 
     assert "error" not in outcome, outcome["error"]

@@ -13,20 +13,10 @@ from django.db import transaction
 
 import django_durq
 from django_durq import JobCancelled, JobExpired, JobFailed, ResultNotKept, ResultTimeout, job, ops
-from django_durq.clock import ManualClock, use_clock
 from django_durq.enqueue.results import WaitInTransaction
 from django_durq.handlers.registry import registry
 from django_durq.testing import drain
 from tests.ledger import jobs
-
-START = 1_800_000_000_000
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=START)
-    with use_clock(manual):
-        yield manual
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ nothing, and leaves the caller's open transaction usable.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -68,7 +69,7 @@ BAD_ENQUEUE_OPTIONS = [
 
 @pytest.mark.parametrize(("option", "value", "error", "message"), BAD_OPTIONS)
 def test_job_refuses_a_bad_option_at_decoration(option, value, error, message):
-    with pytest.raises(error, match=_literal(message)):
+    with pytest.raises(error, match=re.escape(message)):
 
         @job(name="tests.validation.never", **{option: value})
         def never(ctx):
@@ -87,13 +88,13 @@ def test_job_refuses_a_bad_option_at_decoration(option, value, error, message):
     ],
 )
 def test_job_refuses_a_bad_name_backoff_or_cron(options, error, message):
-    with pytest.raises(error, match=_literal(message)):
+    with pytest.raises(error, match=re.escape(message)):
         job(**options)(lambda ctx: None)
 
 
 @pytest.mark.parametrize(("option", "value", "error", "message"), BAD_OPTIONS + BAD_ENQUEUE_OPTIONS)
 def test_using_refuses_a_bad_option_with_the_message_job_gives(option, value, error, message):
-    with pytest.raises(error, match=_literal(message)):
+    with pytest.raises(error, match=re.escape(message)):
         jobs.noop.using(**{option: value})
     assert Job.objects.count() == 0
 
@@ -195,7 +196,7 @@ def test_a_misspelt_keyword_is_refused_naming_handler_argument_and_the_close_nam
     ids=["missing", "too-many", "twice", "using", "by-name", "unique"],
 )
 def test_arguments_the_handler_cannot_take_are_refused_before_any_sql(transcode, call, fragment):
-    with pytest.raises(TypeError, match=_literal(fragment)):
+    with pytest.raises(TypeError, match=re.escape(fragment)):
         call(transcode)
     assert Job.objects.count() == 0
 
@@ -232,12 +233,6 @@ def test_the_unknown_job_message_says_where_handlers_must_live():
     assert message.startswith("unknown job type 'shop.send_receipt': no handler is registered under this name")
     assert "an installed app's jobs.py" in message
     assert 'DURQ["MODULES"]' in message
-
-
-def _literal(text: str) -> str:
-    import re
-
-    return re.escape(text)
 
 
 def test_enqueue_by_an_unknown_name_says_where_handlers_must_live():

@@ -18,39 +18,18 @@ import pytest
 from django.db import connection, connections, transaction
 
 from django_durq import Workflow, ops
-from django_durq.clock import ManualClock, use_clock
+from django_durq.clock import ManualClock
 from django_durq.conf import get_settings
 from django_durq.db import dialect_for, wakeup
-from django_durq.db.store import Store
-from django_durq.execution.executor import Executor
-from django_durq.handlers.context import JobContext
 from django_durq.handlers.limits import QueueLimits
 from django_durq.models import Job
 from django_durq.testing import drain
 from django_durq.worker.duties import SettleDuty, WorkflowRetention
 from tests.conftest import wait_until
+from tests.enqueue.helpers import START, claim_all, run  # noqa: F401 - tests/ops/test_workflow_retry.py imports START from here
 from tests.ledger import jobs
 
-START = 1_800_000_000_000
 FIXED = '{"args": [], "kwargs": {"tag": "%s"}}'
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=START)
-    with use_clock(manual):
-        yield manual
-
-
-def claim_all(clock: ManualClock, limits: QueueLimits | None = None) -> list[Any]:
-    return Store("default").claim("default", 100, clock.now_ms(), "w1", limits, clock)
-
-
-def run(job: Any, clock: ManualClock) -> str:
-    """Run a claimed job as a worker's slot would, before any heartbeat: its outcome, then the count of its end."""
-    store = Store("default")
-    ctx = JobContext(job, worker_id="w1", store=store, clock=clock, shutdown=threading.Event())
-    return Executor(store, get_settings(), clock, "w1").run(job, ctx)
 
 
 def row(pk: int) -> Job:

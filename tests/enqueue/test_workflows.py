@@ -5,34 +5,20 @@ Real workers killed at random while they run a workflow are in tests/enqueue/tes
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.db import connection, transaction
 
 from django_durq import Workflow, WorkflowError, ops
-from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.db import dialect_for
 from django_durq.db.dependencies import settle
-from django_durq.db.store import Store
-from django_durq.execution.executor import Executor
-from django_durq.handlers.context import JobContext
 from django_durq.models import Dependency, Job
 from django_durq.testing import drain
 from django_durq.worker.duties import SettleDuty, WorkflowRetention
+from tests.enqueue.helpers import START, claim_all, run
 from tests.ledger import jobs
 
 pytestmark = pytest.mark.django_db
-
-START = 1_800_000_000_000
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=START)
-    with use_clock(manual):
-        yield manual
 
 
 def status(step) -> str:
@@ -72,17 +58,6 @@ def test_nothing_waiting_starts_before_what_it_waits_for_has_ended(clock):
     assert last.id == publish.job.pk
     run(last, clock)
     assert Job.objects.get(pk=publish.job.pk).result == '{"finished":3,"dead":0,"cancelled":0}'
-
-
-def claim_all(clock):
-    return Store("default").claim("default", 100, clock.now_ms(), "w1")
-
-
-def run(job, clock) -> str:
-    """Run a claimed job as a worker's slot would: the outcome, then the count of its end for its dependents."""
-    store = Store("default")
-    ctx = JobContext(job, worker_id="w1", store=store, clock=clock, shutdown=threading.Event())
-    return Executor(store, get_settings(), clock, "w1").run(job, ctx)
 
 
 def test_a_fan_in_callback_is_queued_once_with_how_every_member_ended(clock):

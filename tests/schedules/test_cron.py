@@ -5,37 +5,13 @@ from __future__ import annotations
 
 import io
 import itertools
-import multiprocessing
-import os
 import signal
-from datetime import datetime
-from zoneinfo import ZoneInfo
 
 import pytest
 
 from django_durq import cron
-from django_durq.clock import ManualClock, use_clock
 from tests.conftest import run_command, wait_until
-
-BERLIN = "Europe/Berlin"
-NEW_YORK = "America/New_York"
-
-
-def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, tz: str = "UTC") -> int:
-    """Epoch ms of a local wall time (the first one, where clocks go back)."""
-    return int(datetime(year, month, day, hour, minute, second, tzinfo=ZoneInfo(tz)).timestamp()) * 1000
-
-
-def local(ms: int, tz: str) -> str:
-    return datetime.fromtimestamp(ms / 1000, ZoneInfo(tz)).isoformat()
-
-
-def local_day(year: int, month: int, day: int, tz: str) -> tuple[int, int]:
-    """(start, end) in epoch ms of one local calendar day; 23 or 25 hours on a daylight-saving day."""
-    start = at(year, month, day, tz=tz)
-    end = int(datetime.fromordinal(datetime(year, month, day).toordinal() + 1).replace(tzinfo=ZoneInfo(tz)).timestamp()) * 1000
-    return start, end
-
+from tests.schedules.helpers import BERLIN, NEW_YORK, at, local, local_day, problem_ids, race, run_clock, scheduled_jobs
 
 # --- due times: pure functions ----------------------------------------------------------------------
 
@@ -135,29 +111,6 @@ def test_good_expressions_have_no_problem():
 
 
 @pytest.fixture
-def declare():
-    """Declare schedules with ``django_durq.schedule`` for one test only."""
-    from django_durq import schedule, schedules
-
-    names: list[str] = []
-
-    def add(name: str, expression: str, job: str = "tests.noop", **options):
-        names.append(name)
-        return schedule(name, expression, job, **options)
-
-    yield add
-    for name in names:
-        schedules.forget(name)
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=at(2024, 5, 6, 11, 58))
-    with use_clock(manual):
-        yield manual
-
-
-@pytest.fixture
 def hourly_job():
     """A job declared with ``@job(cron=...)``, registered for one test only."""
     from django_durq import job
@@ -166,12 +119,6 @@ def hourly_job():
     definition = job(name="tests.cron.hourly", cron="0 * * * *", queue="fast", priority=3)(lambda ctx: None)
     yield definition
     registry.remove(definition.name)
-
-
-def problem_ids(name: str) -> list[str]:
-    from django_durq.checks import check_schedules
-
-    return sorted(m.id for m in check_schedules() if f"schedule {name!r}" in m.msg)
 
 
 def test_schedules_come_from_code_job_decorator_and_settings(declare, hourly_job, settings):
@@ -244,24 +191,6 @@ def test_declaring_one_name_twice_differently_is_a_check_error(declare, hourly_j
 
 
 # --- claiming due times with a manual clock ------------------------------------------------------
-
-
-def scheduled_jobs(name: str = "tests.noop"):
-    from django_durq.models import Job
-
-    return list(Job.objects.filter(name=name).order_by("run_at_ms", "id").values_list("run_at_ms", flat=True))
-
-
-def run_clock(clock: ManualClock, until_ms: int, step_ms: int, **options) -> dict[str, int]:
-    """Tick the cron duty every ``step_ms`` until ``until_ms``; returns the summed counts."""
-    from django_durq import schedules
-
-    totals: dict[str, int] = {}
-    while clock.now_ms() <= until_ms:
-        for key, value in schedules.tick(clock.now_ms(), **options).items():
-            totals[key] = totals.get(key, 0) + value
-        clock.advance(step_ms)
-    return totals
 
 
 @pytest.mark.django_db
@@ -461,66 +390,20 @@ def test_list_format_and_run_now(declare, clock):
 
 # --- real processes ------------------------------------------------------------------------------
 
-RACERS = 3
 RACE_STEPS = 40
-
-
-def _race_claimer(db_in_use: str, barrier, start_ms: int, lateness_ms: int, results) -> None:
-    """One replica: at each due time, together with the others, try to take it.
-
-    Every replica tries the compare-and-set for every due time, as when all of them read the row
-    before any of them wrote it: the worst case for the claim.
-    """
-    os.environ["DURQ_TEST_DB_IN_USE"] = db_in_use
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    won: list[int] = []
-    error = ""
-    try:
-        import django
-
-        django.setup()
-        from django_durq import schedule, schedules
-        from django_durq.conf import get_settings
-        from django_durq.db.store import Store
-
-        spec = schedule("tests.cron.race", "* * * * *", "tests.noop")
-        store = Store(get_settings().database)
-        for step in range(RACE_STEPS):
-            due = start_ms + step * 60_000
-            barrier.wait(timeout=60)
-            taken = store.retrying("cron claim", lambda _d, due=due: schedules.claim(spec, due, due + lateness_ms))
-            if taken is not None:
-                won.append(taken.due_ms)
-    except Exception as failure:  # noqa: BLE001 - reported to the test below
-        error = f"{type(failure).__name__}: {failure}"
-        barrier.abort()
-    results.put((os.getpid(), won, error))
 
 
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_replicas_racing_in_real_processes_claim_each_due_time_once(declare):
-    from django.db import connection, connections
-
     from django_durq import schedules
     from django_durq.models import Schedule
 
     spec = declare("tests.cron.race", "* * * * *")
     start = at(2024, 5, 6, 12)
     schedules.sync([spec], start - 30_000)
-    db_in_use = str(connection.settings_dict["NAME"])
-    connections.close_all()
-
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(RACERS)
-    results = context.Queue()
-    # Each replica's clock is a little late by a different amount, as on real hosts.
-    racers = [context.Process(target=_race_claimer, args=(db_in_use, barrier, start, k * 7_000, results)) for k in range(RACERS)]
-    for racer in racers:
-        racer.start()
-    outcomes = [results.get(timeout=180) for _ in racers]
-    for racer in racers:
-        racer.join(timeout=30)
+    declaration = {"name": "tests.cron.race", "cron": "* * * * *", "job": "tests.noop"}
+    outcomes = race(declaration, start, 60_000, RACE_STEPS)
     assert [error for _, _, error in outcomes if error] == []
     expected = [start + step * 60_000 for step in range(RACE_STEPS)]
     won = sorted(due for _, dues, _ in outcomes for due in dues)

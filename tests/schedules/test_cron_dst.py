@@ -17,7 +17,7 @@ import pytest
 
 from django_durq import cron
 from django_durq.clock import ManualClock, use_clock
-from tests.schedules.test_cron import BERLIN, NEW_YORK, at, local, scheduled_jobs
+from tests.schedules.helpers import BERLIN, NEW_YORK, at, local, scheduled_jobs
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -158,21 +158,6 @@ def test_next_due_time_in_a_repeated_or_skipped_hour(tz, moment, expression, exp
 
 
 # --- the duty's pass in the repeated hour ----------------------------------------------------------
-
-
-@pytest.fixture
-def declare():
-    from django_durq import schedule, schedules
-
-    names: list[str] = []
-
-    def add(name: str, expression: str, job: str = "tests.noop", **options):
-        names.append(name)
-        return schedule(name, expression, job, **options)
-
-    yield add
-    for name in names:
-        schedules.forget(name)
 
 
 def second_pass(hour: int, minute: int) -> int:

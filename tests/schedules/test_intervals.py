@@ -4,38 +4,13 @@ with racing processes and workers."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import signal
 from datetime import timedelta
 
 import pytest
 
-from django_durq.clock import ManualClock, use_clock
 from tests.conftest import wait_until
-from tests.schedules.test_cron import at, problem_ids, run_clock, scheduled_jobs
-
-
-@pytest.fixture
-def declare():
-    from django_durq import schedule, schedules
-
-    names: list[str] = []
-
-    def add(name: str, cron: str | None = None, job: str = "tests.noop", **options):
-        names.append(name)
-        return schedule(name, cron, job, **options)
-
-    yield add
-    for name in names:
-        schedules.forget(name)
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=at(2024, 5, 6, 11, 58))
-    with use_clock(manual):
-        yield manual
+from tests.schedules.helpers import at, problem_ids, race, run_clock, scheduled_jobs
 
 
 @pytest.fixture
@@ -191,43 +166,12 @@ def test_positional_arguments_reach_the_handler(declare, clock, pair_job):
 
 # --- real processes -----------------------------------------------------------------------------------------
 
-RACERS = 3
 RACE_STEPS = 30
-
-
-def _race_claimer(db_in_use: str, barrier, start_ms: int, lateness_ms: int, results) -> None:
-    """One replica racing the others for each due time of an interval schedule (see schedules/test_cron.py)."""
-    os.environ["DURQ_TEST_DB_IN_USE"] = db_in_use
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    won: list[int] = []
-    error = ""
-    try:
-        import django
-
-        django.setup()
-        from django_durq import schedule, schedules
-        from django_durq.conf import get_settings
-        from django_durq.db.store import Store
-
-        spec = schedule("tests.every.race", job="tests.noop", every=90)
-        store = Store(get_settings().database)
-        for step in range(RACE_STEPS):
-            due = start_ms + step * 90_000
-            barrier.wait(timeout=60)
-            taken = store.retrying("cron claim", lambda _d, due=due: schedules.claim(spec, due, due + lateness_ms))
-            if taken is not None:
-                won.append(taken.due_ms)
-    except Exception as failure:  # noqa: BLE001 - reported to the test below
-        error = f"{type(failure).__name__}: {failure}"
-        barrier.abort()
-    results.put((os.getpid(), won, error))
 
 
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_replicas_racing_in_real_processes_claim_each_interval_due_time_once(declare):
-    from django.db import connection, connections
-
     from django_durq import schedules
     from django_durq.models import Schedule
 
@@ -235,18 +179,7 @@ def test_replicas_racing_in_real_processes_claim_each_interval_due_time_once(dec
     start = at(2024, 5, 6, 12)
     schedules.sync([spec], start - 90_000)
     Schedule.objects.filter(name="tests.every.race").update(next_due_ms=start)
-    db_in_use = str(connection.settings_dict["NAME"])
-    connections.close_all()
-
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(RACERS)
-    results = context.Queue()
-    racers = [context.Process(target=_race_claimer, args=(db_in_use, barrier, start, k * 7_000, results)) for k in range(RACERS)]
-    for racer in racers:
-        racer.start()
-    outcomes = [results.get(timeout=180) for _ in racers]
-    for racer in racers:
-        racer.join(timeout=30)
+    outcomes = race({"name": "tests.every.race", "job": "tests.noop", "every": 90}, start, 90_000, RACE_STEPS)
     assert [error for _, _, error in outcomes if error] == []
     expected = [start + step * 90_000 for step in range(RACE_STEPS)]
     assert sorted(due for _, dues, _ in outcomes for due in dues) == expected  # every due time taken, none twice

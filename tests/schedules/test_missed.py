@@ -8,22 +8,7 @@ import random
 import pytest
 
 from django_durq.clock import ManualClock, use_clock
-from tests.schedules.test_cron import at, scheduled_jobs
-
-
-@pytest.fixture
-def declare():
-    from django_durq import schedule, schedules
-
-    names: list[str] = []
-
-    def add(name: str, expression: str, job: str = "tests.noop", **options):
-        names.append(name)
-        return schedule(name, expression, job, **options)
-
-    yield add
-    for name in names:
-        schedules.forget(name)
+from tests.schedules.helpers import at, scheduled_jobs
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 from django_durq.clock import now_ms
 from django_durq.db import presence
 from tests.conftest import db_vendor, wait_until
+from tests.schedules.helpers import scheduled_jobs
 
 # The schedule of tests/ledger/jobs.py under DURQ_TEST_CRON=every-second; heartbeats at the
 # default interval, which the duty's takeover used to wait on.
@@ -22,12 +23,6 @@ ENV = {"DURQ_TEST_CRON": "every-second", "DURQ_TEST_KEEP_FINISHED": "300", "DURQ
 TAKEOVER_CAP_S = 12
 LEADS = "this worker now runs the maintenance duties"
 NO_LONGER = "this worker no longer runs the maintenance duties"
-
-
-def due_times() -> list[int]:
-    from django_durq.models import Job
-
-    return list(Job.objects.filter(name="tests.noop").order_by("run_at_ms").values_list("run_at_ms", flat=True))
 
 
 def duty_holder_pid(workers: dict) -> int | None:
@@ -51,7 +46,7 @@ def duty_holder_pid(workers: dict) -> int | None:
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the holder of the leader lock from /proc/locks")
 def test_killing_the_duty_holder_hands_cron_to_another_worker_within_seconds(spawn_worker):
     workers = {worker.pid: worker for worker in (spawn_worker("--queue", "default:2", env=ENV) for _ in range(2))}
-    wait_until(lambda: len(due_times()) >= 3, timeout=60, message="three scheduled runs")
+    wait_until(lambda: len(scheduled_jobs()) >= 3, timeout=60, message="three scheduled runs")
     holder = wait_until(lambda: duty_holder_pid(workers), timeout=30, message="a duty holder")
     assert holder in workers, (holder, list(workers))
 
@@ -59,13 +54,13 @@ def test_killing_the_duty_holder_hands_cron_to_another_worker_within_seconds(spa
     assert workers[holder].wait(timeout=30) == -signal.SIGKILL
     killed_ms = now_ms()
     # The survivor takes the duty over and enqueues what came due meanwhile, then keeps going.
-    wait_until(lambda: due_times()[-1] >= killed_ms + 1_000, timeout=TAKEOVER_CAP_S, message="a run due after the kill")
+    wait_until(lambda: scheduled_jobs()[-1] >= killed_ms + 1_000, timeout=TAKEOVER_CAP_S, message="a run due after the kill")
     survivor = next(worker for pid, worker in workers.items() if pid != holder)
-    wait_until(lambda: due_times()[-1] >= killed_ms + 5_000, timeout=30, message="runs five seconds after the kill")
+    wait_until(lambda: scheduled_jobs()[-1] >= killed_ms + 5_000, timeout=30, message="runs five seconds after the kill")
     survivor.signal(signal.SIGTERM)
     assert survivor.wait(timeout=30) == 0, survivor.output()
 
-    dues = due_times()
+    dues = scheduled_jobs()
     assert dues == list(range(dues[0], dues[-1] + 1, 1000)), "a due time was dropped or enqueued twice"
 
 

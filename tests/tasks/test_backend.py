@@ -17,23 +17,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
-try:  # Django >= 6.0
-    FRAMEWORK = "django.tasks"
-    from django.tasks import TaskResultStatus, default_task_backend, task
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
-    from django.tasks.signals import task_enqueued, task_finished, task_started
-except ImportError:
-    try:  # Django 5.2 with the django-tasks backport
-        FRAMEWORK = "django_tasks"
-        from django_tasks import TaskResultStatus, default_task_backend, task
-        from django_tasks.exceptions import InvalidTaskError as InvalidTask
-        from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
-        from django_tasks.signals import task_enqueued, task_finished, task_started
-    except ImportError:
-        pytest.skip("no tasks framework: needs Django >= 6.0, or django-tasks on Django 5.2", allow_module_level=True)
-
 from django_durq import InvalidPayload, job
-from django_durq.clock import ManualClock, ms_to_datetime, use_clock
+from django_durq.clock import ms_to_datetime
 from django_durq.handlers.registry import registry
 from django_durq.models import Job
 from django_durq.tasks.backend import DurqBackend, DurqTask, TaskCancelled, durq_options
@@ -41,23 +26,25 @@ from django_durq.testing import drain
 from tests.conftest import ROOT, wait_until
 from tests.ledger import jobs, tasks
 from tests.ledger.models import Effect, Order
+from tests.tasks.helpers import (
+    FRAMEWORK,
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    job_id,
+    row,
+    task,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 
 pytestmark = pytest.mark.django_db
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=1_800_000_000_000)
-    with use_clock(manual):
-        yield manual
-
-
-@pytest.fixture
-def keep_results(settings):
-    settings.DURQ = {**settings.DURQ, "KEEP_FINISHED": 3600}
 
 
 @pytest.fixture
@@ -88,14 +75,6 @@ def signal_log():
 
 def at(ms):
     return ms_to_datetime(ms)
-
-
-def job_id(result):
-    return int(result.id.split("-")[0])
-
-
-def row(result):
-    return Job.objects.get(pk=job_id(result))
 
 
 # Module-level functions (a task must be one) for the validation tests.

@@ -17,27 +17,13 @@ from asgiref.sync import async_to_sync
 from django.core import checks
 from django.db import transaction
 
-try:  # Django >= 6.0
-    FRAMEWORK = "django.tasks"
-    from django.tasks import TaskResultStatus, default_task_backend
-    from django.tasks.exceptions import TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued
-except ImportError:
-    try:  # Django 5.2 with the django-tasks backport
-        FRAMEWORK = "django_tasks"
-        from django_tasks import TaskResultStatus, default_task_backend
-        from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued
-    except ImportError:
-        pytest.skip("no tasks framework: needs Django >= 6.0, or django-tasks on Django 5.2", allow_module_level=True)
-
 from django_durq import InvalidPayload
-from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.models import Job
 from django_durq.testing import drain
 from tests.conftest import ROOT, run_command
 from tests.ledger import tasks
+from tests.tasks.helpers import FRAMEWORK, TaskResultDoesNotExist, TaskResultStatus, default_task_backend, row, task_enqueued
 
 pytestmark = pytest.mark.django_db
 
@@ -45,22 +31,6 @@ READY, FAILED = TaskResultStatus.READY, TaskResultStatus.FAILED
 FIELDS = ("task", "args", "kwargs", "backend")
 TASK_FIELDS = ("queue_name", "priority", "run_after", "backend", "func", "takes_context")
 ONE_LINE = {"default": {"BACKEND": "django_durq.tasks.backend.DurqBackend"}}
-
-
-@pytest.fixture
-def clock():
-    manual = ManualClock(start_ms=1_800_000_000_000)
-    with use_clock(manual):
-        yield manual
-
-
-@pytest.fixture
-def keep_results(settings):
-    settings.DURQ = {**settings.DURQ, "KEEP_FINISHED": 3600}
-
-
-def row(result):
-    return Job.objects.get(pk=int(result.id.split("-")[0]))
 
 
 def same_result(read, enqueued):
