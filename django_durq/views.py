@@ -55,11 +55,26 @@ def health(request: HttpRequest) -> HttpResponse:
     return JsonResponse(report, status=200 if report["healthy"] else 503)
 
 
+# Deprecated: sliding windows kept for dashboards that read them. A window loses what a killed
+# worker had not saved yet; rate() and increase() of the _total counters below do not.
+DEPRECATED = " Deprecated: use rate() or increase() of durq_jobs_{}_total."
 GAUGES = [
-    ("durq_jobs_finished_last_minute", "finished_last_minute", "Jobs finished in the last minute."),
-    ("durq_jobs_failed_last_minute", "failed_last_minute", "Attempts that failed in the last minute (retried or not)."),
-    ("durq_jobs_finished_last_hour", "finished_last_hour", "Jobs finished in the last hour."),
-    ("durq_jobs_failed_last_hour", "failed_last_hour", "Attempts that failed in the last hour (retried or not)."),
+    (
+        "durq_jobs_finished_last_minute",
+        "finished_last_minute",
+        "Jobs finished in the last minute." + DEPRECATED.format("finished"),
+    ),
+    (
+        "durq_jobs_failed_last_minute",
+        "failed_last_minute",
+        "Attempts that failed in the last minute (retried or not)." + DEPRECATED.format("failed"),
+    ),
+    ("durq_jobs_finished_last_hour", "finished_last_hour", "Jobs finished in the last hour." + DEPRECATED.format("finished")),
+    (
+        "durq_jobs_failed_last_hour",
+        "failed_last_hour",
+        "Attempts that failed in the last hour (retried or not)." + DEPRECATED.format("failed"),
+    ),
     (
         "durq_jobs_unknown_type_last_hour",
         "unknown_type_last_hour",
@@ -107,6 +122,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     for row in rows:
         lines.append(f'durq_jobs_orphaned{{queue="{_label(row.queue)}"}} {orphans.get(row.queue, 0)}')
     lines += _limit_lines()
+    lines += _total_lines()
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -130,6 +146,44 @@ def _limit_lines() -> list[str]:
             if value is not None:
                 lines.append(f'{metric}{{queue="{_label(row.queue)}"}} {value}')
     return lines
+
+
+COUNTERS = {
+    "enqueued": "Jobs queued.",
+    "started": "Attempts started: jobs claimed by a worker to run.",
+    "finished": "Jobs finished.",
+    "failed": "Attempts that failed, retried or not.",
+    "retried": "Failed attempts given another attempt.",
+    "dead": "Jobs that became dead letters.",
+    "cancelled": "Jobs cancelled: by an operator, by their expiry, or with a workflow job they waited for.",
+    "handed_back": "Attempts handed back for another worker, not counted (stopping, no handler for the type).",
+}
+HISTOGRAMS = {
+    "wait": ("durq_job_wait_seconds", "From a job's due time to its start."),
+    "run": ("durq_job_run_seconds", "From an attempt's start to its outcome (finished or failed)."),
+}
+
+
+def _total_lines() -> list[str]:
+    """Counters and histograms per queue and job type, from the database: they survive any worker's death."""
+    rows = ops.totals()
+    lines: list[str] = []
+    for metric, help_text in COUNTERS.items():
+        name = f"durq_jobs_{metric}_total"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        lines += [f"{name}{{{_pair(row)}}} {row.counts[metric]}" for row in rows]
+    for histogram, (name, help_text) in HISTOGRAMS.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        for row in rows:
+            observed = row.histograms[histogram]
+            pair = _pair(row)
+            lines += [f'{name}_bucket{{{pair},le="{bound}"}} {count}' for bound, count in observed.buckets]
+            lines += [f"{name}_sum{{{pair}}} {observed.sum_s}", f"{name}_count{{{pair}}} {observed.count}"]
+    return lines
+
+
+def _pair(row: ops.Totals) -> str:
+    return f'queue="{_label(row.queue)}",job_name="{_label(row.job_name)}"'
 
 
 def _label(value: str) -> str:

@@ -148,6 +148,9 @@ if os.environ.get("DURQ_TEST_SKEW_MS"):
     _wall_ms = _clock.SystemClock.now_ms
     _clock.SystemClock.now_ms = lambda self: _wall_ms(self) + _skew_ms  # type: ignore[method-assign]
 
+if os.environ.get("DURQ_TEST_OTEL_SPANS"):
+    import tests.otel_worker  # noqa: F401 - a worker whose spans a test reads (tests/worker/test_tracing.py)
+
 if os.environ.get("DURQ_TEST_MAX_HANDBACKS"):
     DURQ["MAX_HANDBACKS"] = int(os.environ["DURQ_TEST_MAX_HANDBACKS"])
 # "default": no KEEP_FINISHED at all, the product's own default; a number of seconds sets it.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -192,17 +192,21 @@ class Dialect(EndStatements):
         clock: Clock | None = None,
         free_places: Sequence[Lease] = (),
         outlook: Outlook | None = None,
+        count: Callable[[Dialect, set[Lease], list[ClaimedJob]], None] | None = None,
     ) -> tuple[set[Lease], list[ClaimedJob]]:
         """Record finished jobs and claim the next ones in one transaction: one commit, not two.
 
         ``leases`` are deleted; ``kept`` rows of (lease, finished at, result text) stay as
         finished jobs (retention on). ``free_places``: attempts whose handlers have ended, whose
         places under limits (db/places.py) are freed first, so the claim may give them on.
+        ``count`` is told, in the same transaction, what was completed and claimed (db/counters.py).
         """
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases) | self.finish_many(kept)
             places.free(self, free_places)
             claimed = self.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook) if limit > 0 else []
+            if count is not None:
+                count(self, done, claimed)
         return done, claimed
 
     def claim_next(

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import wakeup
+from . import counters, wakeup
 from .rows import JOB
 
 if TYPE_CHECKING:
@@ -224,9 +224,10 @@ def cancel_dependent(dialect: Dialect, job_id: int, upstream_id: int, deps_left:
         "message": f"job {upstream_id}, which it waited for, ended without finishing",
         "traceback": "",
     }
-    errors = dialect.fetchall(f"SELECT errors FROM {JOB} WHERE id = %s", [job_id])[0][0]
+    errors, queue, name = dialect.fetchall(f"SELECT errors, queue, name FROM {JOB} WHERE id = %s", [job_id])[0]
     history = [*json.loads(errors or "[]"), entry]
     dialect.execute(
         f"UPDATE {JOB} SET status = 'cancelled', finished_ms = %s, cancelled_by = %s, deps_left = %s, errors = %s WHERE id = %s",
         [now_ms, upstream_id, deps_left, json.dumps(history), job_id],
     )
+    counters.add(dialect, [(queue, name, counters.CANCELLED, 1)])

@@ -19,7 +19,7 @@ from django.db import DatabaseError, InterfaceError, InternalError, OperationalE
 from ..clock import Clock
 from ..conf import hooks
 from ..handlers.limits import QueueLimits
-from . import ClaimedJob, Dialect, Lease, Renewal, dialect_for
+from . import ClaimedJob, Dialect, Lease, Renewal, counters, dialect_for
 
 if TYPE_CHECKING:
     from .flow import Outlook
@@ -88,7 +88,10 @@ class Store:
         """Claim up to ``limit`` due jobs; ``limits`` (a pool whose queue has any) claims limited jobs too."""
         hooks.jitter("claim")
         hooks.reach("in_claim", 0)  # a claim of a pool holding no completions, before its statement
-        return self.retrying("claim", lambda d: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook))
+        return self.retrying(
+            "claim",
+            lambda d: counters.claimed(d, now_ms, lambda: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook)),
+        )
 
     def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:
         return self.retrying("probe", lambda d: d.due_times(queue))

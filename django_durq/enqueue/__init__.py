@@ -20,8 +20,9 @@ from django.db.models import DEFERRED
 
 from ..clock import datetime_to_ms, ms_to_datetime, now_ms, seconds_to_ms
 from ..conf import DEFAULT_QUEUE, get_settings
-from ..db import dialect_for, wakeup
+from ..db import counters, dialect_for, wakeup
 from ..exceptions import InvalidPayload
+from ..execution import tracing
 from ..handlers.options import KEEP, OnDuplicate
 from ..handlers.payload import encode_arguments
 from ..handlers.registry import JobDefinition, hand_in_enqueue, registry
@@ -46,12 +47,15 @@ def enqueue_one(
     definition.check_arguments(args, kwargs)
     values = _values(definition, args, kwargs) | (columns or {})
     alias = get_settings().database
-    if values["unique_key"] is None:
-        job = _inserted(values, alias)
-    else:
-        job = _insert_unique(values, alias, definition.options.on_duplicate or KEEP)
-        if job.deduplicated:
-            return job
+    with tracing.enqueuing(values["name"], values["queue"]) as traced:
+        values |= traced.columns
+        if values["unique_key"] is None:
+            job = _inserted(values, alias)
+        else:
+            job = _insert_unique(values, alias, definition.options.on_duplicate or KEEP)
+        traced.ids.append(job.pk)
+    if job.deduplicated:
+        return job
     transaction.on_commit(lambda: wakeup.after_commit(alias, [job.queue], jobs=1), using=alias)
     return job
 
@@ -77,17 +81,25 @@ def enqueue_many(definition: JobDefinition[..., Any], items: list[dict[str, Any]
     dialect = dialect_for(connections[alias])
     # A limit keyed on the arguments gives each row its own key: rows are built one by one.
     keyed = definition.limit is not None and definition.limit.key is not None
-    if keyed or not dialect.returns_bulk_insert_ids:
-        rows = [Job(**_values(definition, [], dict(item))) for item in items]
-        created = Job.objects.using(alias).bulk_create(rows)
-        wakeup.wake_on_commit(alias, sorted({job.queue for job in created}), jobs=len(created))
-        return created
-    # Every item shares the definition's options: build one row, vary only the arguments, and
-    # insert with one statement, skipping the ORM's per-object compilation.
-    values = _values(definition, [], {})
-    cap = get_settings().max_payload_bytes
-    arguments = [encode_arguments([], item, cap) for item in items]
-    ids = dialect.insert_jobs({column: value for column, value in values.items() if column != "arguments"}, arguments)
+    queue = definition.options.queue or definition.queue or DEFAULT_QUEUE
+    with tracing.enqueuing(definition.name, queue) as traced:  # one span for the batch, its context stored with each job
+        if keyed or not dialect.returns_bulk_insert_ids:
+            rows = [Job(**(_values(definition, [], dict(item)) | traced.columns)) for item in items]
+            with counters.one_transaction(alias):
+                created = Job.objects.using(alias).bulk_create(rows)
+                counters.enqueued(alias, [(job.queue, job.name) for job in created])
+            traced.ids += [job.pk for job in created]
+            wakeup.wake_on_commit(alias, sorted({job.queue for job in created}), jobs=len(created))
+            return created
+        # Every item shares the definition's options: build one row, vary only the arguments, and
+        # insert with one statement, skipping the ORM's per-object compilation.
+        values = _values(definition, [], {}) | traced.columns
+        cap = get_settings().max_payload_bytes
+        arguments = [encode_arguments([], item, cap) for item in items]
+        with counters.one_transaction(alias):
+            ids = dialect.insert_jobs({column: value for column, value in values.items() if column != "arguments"}, arguments)
+            counters.enqueued(alias, [(values["queue"], values["name"])] * len(ids))
+        traced.ids += ids
     created = _jobs(values, zip(ids, arguments, strict=True), alias)
     wakeup.wake_on_commit(alias, [values["queue"]], jobs=len(created))
     return created
@@ -245,6 +257,9 @@ def _inserted(values: dict[str, Any], alias: str) -> Job:
 
 
 def _insert(values: dict[str, Any], alias: str) -> int:
-    """Insert one row (and, on PostgreSQL, its wake-up NOTIFY) in one statement; returns its id."""
+    """Insert one row (and, on PostgreSQL, its wake-up NOTIFY) and count it; returns its id."""
     dialect = dialect_for(connections[alias])
-    return dialect.insert_job(values, notify=dialect.supports_notify)
+    with counters.one_transaction(alias):
+        job_id = dialect.insert_job(values, notify=dialect.supports_notify)
+        counters.enqueued(alias, [(values["queue"], values["name"])])
+    return job_id

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from django.db import IntegrityError, connections, transaction
 
 from ..clock import now_ms
-from ..conf import get_settings
-from ..db import dialect_for, wakeup
+from ..conf import DEFAULT_QUEUE, get_settings
+from ..db import counters, dialect_for, wakeup
 from ..db.dependencies import ENDED
+from ..execution import tracing
 from ..handlers.registry import JobDefinition, registry
 from . import _jobs, _values
 
@@ -141,9 +142,13 @@ class Workflow:
         if self.row is not None:
             raise WorkflowError(f"workflow {self.name!r} is already queued")
         alias = get_settings().database
-        with transaction.atomic(using=alias):
+        # One span for the workflow (named by its first job's type), its context stored with every job.
+        first = self.steps[0].definition if self.steps else None
+        name, queue = (first.name, first.options.queue or first.queue or DEFAULT_QUEUE) if first else (self.name, DEFAULT_QUEUE)
+        with tracing.enqueuing(name, queue) as traced, transaction.atomic(using=alias):
             row = WorkflowRow.objects.using(alias).create(name=self.name, created_ms=now_ms(), on_failure=self.on_failure)
-            _enqueue_steps(self.steps, row.pk, alias)
+            _enqueue_steps(self.steps, row.pk, alias, traced.columns)
+            traced.ids += [step.job.pk for step in self.steps if step.job is not None]
         self.row = row
         return row
 
@@ -153,7 +158,7 @@ def _check_on_failure(value: object) -> None:
         raise ValueError(f"on_failure is {value!r}; it must be one of {', '.join(ON_FAILURE)}")
 
 
-def _enqueue_steps(steps: Sequence[Step], workflow_id: int, alias: str) -> None:
+def _enqueue_steps(steps: Sequence[Step], workflow_id: int, alias: str, columns: dict[str, str]) -> None:
     from ..models import Dependency, Job  # app loading: django_durq imports this module
 
     dialect = dialect_for(connections[alias])
@@ -167,7 +172,7 @@ def _enqueue_steps(steps: Sequence[Step], workflow_id: int, alias: str) -> None:
     due_queues: set[str] = set()
     now = now_ms()
     for step in steps:
-        values = _values(step.definition, step.args, step.kwargs)
+        values = _values(step.definition, step.args, step.kwargs) | columns
         pending = [item for item in step.after if isinstance(item, Step) or found[item].status not in ENDED]
         ended_badly = [item for item in step.after if isinstance(item, int) and found[item].status in ("dead", "cancelled")]
         failed = ended_badly[0] if ended_badly else None
@@ -210,6 +215,7 @@ def _insert_member(dialect: Dialect, values: dict[str, Any], alias: str) -> int:
     A job of a workflow is never deduplicated away: its dependents would wait for a job that is
     not theirs. To wait for a job already queued, name it in ``after=``.
     """
+    counters.enqueued(alias, [(values["queue"], values["name"])])  # the workflow's transaction is open: counted at its commit
     if values["unique_key"] is None:
         return dialect.insert_job(values, notify=False)
     try:

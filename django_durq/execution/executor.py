@@ -27,7 +27,7 @@ from django.dispatch import Signal
 
 from ..clock import Clock
 from ..conf import DurqSettings, hooks
-from ..db import ClaimedJob
+from ..db import ClaimedJob, counters
 from ..db.store import Store
 from ..exceptions import InvalidPayload
 from ..handlers.context import JobContext
@@ -150,7 +150,14 @@ class Executor(Recording):
         errors.append(self._entry(attempts, Failure("lease_expired", "lease expired: worker lost"), holder))
         now = self.clock.now_ms()
         hooks.jitter("bury")
-        ended = self.store.retrying("bury", lambda d: d.bury_expired(lease, now, json.dumps(errors)))
+
+        def rows(ended: str | None) -> list[counters.Row]:
+            metrics = (counters.CANCELLED,) if ended == "cancelled" else (counters.FAILED, counters.DEAD)
+            return [(queue, name, metric, 1) for metric in metrics]
+
+        ended = self.store.retrying(
+            "bury", lambda d: counters.counted(d, rows, lambda: d.bury_expired(lease, now, json.dumps(errors)))
+        )
         if ended is None:
             return LOST
         self._settle_ids([lease[0]])  # what waits for it is counted at once, as after any other end
@@ -189,10 +196,15 @@ class Executor(Recording):
             self.defer_completion(job, ctx, Completion(result, keep, stored, now))
             return FINISHED
         hooks.jitter("complete")
+        done = counters.ended(job, counters.FINISHED, run_ms=(time.monotonic() - ctx.started_mono) * 1000)
         if keep:
-            held = bool(self.store.retrying("finish", lambda d: d.finish_many([(ctx.lease, now, stored)])))
+            held = bool(
+                self.store.retrying(
+                    "finish", lambda d: counters.counted(d, done, lambda: d.finish_many([(ctx.lease, now, stored)]))
+                )
+            )
         else:
-            held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
+            held = bool(self.store.retrying("complete", lambda d: counters.counted(d, done, lambda: d.complete([ctx.lease]))))
         if not held:
             logger.warning(
                 "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
@@ -237,8 +249,10 @@ class Executor(Recording):
         errors.append(self._entry(job.attempts, failure, self.worker_id))
         text = json.dumps(errors)
         run_at: int | None = None
+        ran_ms = (time.monotonic() - ctx.started_mono) * 1000
         if failure.final or job.attempts >= job.max_attempts:
-            held = self.store.retrying("bury", lambda d: d.bury(ctx.lease, now, text))
+            rows = counters.ended(job, counters.FAILED, counters.DEAD, run_ms=ran_ms)
+            held = self.store.retrying("bury", lambda d: counters.counted(d, rows, lambda: d.bury(ctx.lease, now, text)))
             outcome = DEAD
         else:
             if failure.retry_at_ms is not None:
@@ -247,7 +261,10 @@ class Executor(Recording):
                 backoff = (definition.backoff if definition is not None else None) or self.settings.backoff
                 run_at = now + backoff.delay_ms(job.attempts)
             # The update itself turns the job cancelled if an operator asked meanwhile.
-            held = self.store.retrying("retry", lambda d: d.retry_later(ctx.lease, run_at, now, text))
+            rows = counters.ended(job, counters.FAILED, counters.RETRIED, run_ms=ran_ms)
+            held = self.store.retrying(
+                "retry", lambda d: counters.counted(d, rows, lambda: d.retry_later(ctx.lease, run_at, now, text))
+            )
             outcome = RETRYING
         if not held:
             logger.warning(

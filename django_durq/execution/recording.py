@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import InterfaceError, OperationalError
 
 from ..conf import DurqSettings, hooks
-from ..db import ClaimedJob, wakeup
+from ..db import ClaimedJob, counters, wakeup
 from ..db.dependencies import settle
 from ..db.expiry import end_claimed, expiry_message
 from ..handlers.context import HAND_BACK_REASONS, LEASE_LOST, TIMED_OUT, JobContext
@@ -150,7 +150,10 @@ class Recording(HandlerCall):
         if verdict.failure_message is not None:
             failure = Failure("unknown_job", verdict.failure_message, final=True)
             return self._fail(job, ctx, None, failure, errors)
-        if not self.store.retrying("hand back", lambda d: self.unknown_types.hand_back(d, job, ctx, verdict)):
+        handed = counters.ended(job, counters.HANDED_BACK)
+        if not self.store.retrying(
+            "hand back", lambda d: counters.counted(d, handed, lambda: self.unknown_types.hand_back(d, job, ctx, verdict))
+        ):
             return LOST
         self.count(job.queue, UNKNOWN_TYPE)
         self.settle_ends([job])  # an operator's cancel makes the hand-back an end
@@ -174,7 +177,11 @@ class Recording(HandlerCall):
             )
             return self._fail(job, ctx, registry.get(job.name), failure, errors)
         hooks.jitter("release")
-        released = self.store.retrying("release", lambda d: d.release([ctx.lease], started=True, now_ms=self.clock.now_ms()))
+        handed = counters.ended(job, counters.HANDED_BACK)
+        released = self.store.retrying(
+            "release",
+            lambda d: counters.counted(d, handed, lambda: d.release([ctx.lease], started=True, now_ms=self.clock.now_ms())),
+        )
         if not released:
             return LOST
         self.settle_ends([job])  # an operator's cancel makes the hand-back an end
@@ -187,7 +194,10 @@ class Recording(HandlerCall):
     def _cancel(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
         errors.append(self._entry(job.attempts, Failure("cancelled", "stopped at an operator's request"), self.worker_id))
         now = self.clock.now_ms()
-        held = self.store.retrying("cancel", lambda d: d.cancel_running(ctx.lease, now, json.dumps(errors)))
+        rows = counters.ended(job, counters.CANCELLED)
+        held = self.store.retrying(
+            "cancel", lambda d: counters.counted(d, rows, lambda: d.cancel_running(ctx.lease, now, json.dumps(errors)))
+        )
         if held:
             self.settle_ends([job])
         if held and jobs_log.isEnabledFor(logging.INFO):
@@ -207,7 +217,8 @@ class Recording(HandlerCall):
         message = expiry_message(job.expires_ms or 0)
         errors.append(self._entry(job.attempts - 1, Failure("expired", message), self.worker_id))
         text = json.dumps(errors)
-        held = self.store.retrying("expire", lambda d: end_claimed(d, ctx.lease, now, text))
+        rows = counters.ended(job, counters.CANCELLED)
+        held = self.store.retrying("expire", lambda d: counters.counted(d, rows, lambda: end_claimed(d, ctx.lease, now, text)))
         if not held:
             return LOST
         self.settle_ends([job])  # what waits for it is cancelled (or released, with on_failure="run")

@@ -3,8 +3,8 @@
 Times are integer epoch milliseconds (see ``clock.py``). The hot statements (claim, renew,
 complete) are raw SQL in ``db/``; this package holds the schema and a readable QuerySet vocabulary
 for everything else (admin, ops, tests). The statuses and the QuerySet are in ``statuses.py``, the
-flow-control tables in ``flow.py``, the workflows' in ``workflows.py``; every name is importable
-from here.
+flow-control tables in ``flow.py``, the workflows' in ``workflows.py``, the metrics' counts in
+``counters.py``; every name is importable from here.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from django.db.models import Case, F, Q, When
 from ..clock import ms_to_datetime
 
 # The tables and names of the other modules here, importable from django_durq.models as Django's apps expect.
+from .counters import Counter as Counter
 from .flow import JobStart as JobStart
 from .flow import LimitPlace as LimitPlace
 from .flow import QueueControl as QueueControl
@@ -103,6 +104,9 @@ class Job(models.Model):
     )
     # A job no worker has started by then is ended cancelled, never run (see expiry in db/expiry.py).
     expires_ms = models.BigIntegerField(null=True, blank=True, help_text="Not started by then: cancelled, never run.")
+    # The enqueuing span's context (W3C trace context as JSON), restored around the handler when
+    # OpenTelemetry is installed (execution/tracing.py); NULL otherwise.
+    trace_context = models.TextField(null=True, blank=True, help_text="The enqueuing trace's context.")
 
     objects: ClassVar[models.Manager[Job]] = JobQuerySet.as_manager()  # type: ignore[assignment]
 

@@ -4,7 +4,7 @@ The admin actions, the ``durq`` management command and the monitoring views are 
 these functions. Everything takes ``now_ms`` where time matters, uses the ORM only, and works in
 batches of ids so that no statement holds locks on a large part of the table. One module per
 concern: :mod:`.reading`, :mod:`.stats`, :mod:`.acting`, :mod:`.pausing`, :mod:`.limits`, :mod:`.workflows`,
-:mod:`.formatting`, :mod:`.orphans`; their public names are all here.
+:mod:`.formatting`, :mod:`.orphans`, :mod:`.totals`; their public names are all here.
 """
 
 from .acting import RETRYABLE, CancelResult, RetryResult, Selection, cancel, purge, retry, retry_failed
@@ -14,6 +14,7 @@ from .orphans import Orphan, ended_workers, orphaned
 from .pausing import QueueSwitch, pause, paused_queues, queue_switches, resume
 from .reading import ENDED, LIVE_HEARTBEATS, failed, jobs_by_id, live_workers, queue_names, recent, worker_queues
 from .stats import Bucket, QueueStats, due_jobs, health, stats, throughput, unserved
+from .totals import Histogram, Totals, totals
 from .workflows import (
     Edge,
     NoSuchWorkflow,
@@ -33,6 +34,7 @@ __all__ = [
     "Bucket",
     "CancelResult",
     "Edge",
+    "Histogram",
     "KeyAtLimit",
     "LimitUsage",
     "NoSuchWorkflow",
@@ -41,6 +43,7 @@ __all__ = [
     "QueueSwitch",
     "RetryResult",
     "Selection",
+    "Totals",
     "WorkflowDetail",
     "WorkflowSummary",
     "cancel",
@@ -67,6 +70,7 @@ __all__ = [
     "retry_workflow",
     "stats",
     "throughput",
+    "totals",
     "unserved",
     "worker_queues",
     "workflow",

@@ -14,7 +14,7 @@ from functools import partial
 from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 
-from ..db import dialect_for, wakeup
+from ..db import counters, dialect_for, wakeup
 from ..db.dependencies import settle
 from ..db.revival import revive
 from ..db.store import Store
@@ -248,10 +248,12 @@ def _cancel_in_one(batches: Callable[[], Iterable[list[int]]], now: int, alias: 
     with transaction.atomic(using=alias):
         for batch in batches():
             selected += batch
-            waiting = list(
-                jobs_on(alias).select_for_update().filter(pk__in=batch, status__in=NOT_STARTED).values_list("pk", flat=True)
+            rows = list(
+                jobs_on(alias).select_for_update().filter(pk__in=batch, status__in=NOT_STARTED).values_list("pk", "queue", "name")
             )
+            waiting = [pk for pk, _, _ in rows]
             jobs_on(alias).filter(pk__in=waiting).update(status=Status.CANCELLED, finished_ms=now)
+            counters.add(dialect_for(connections[alias]), [(queue, name, counters.CANCELLED, 1) for _, queue, name in rows])
             result.cancelled += waiting
             running += jobs_on(alias).filter(pk__in=batch, status=Status.RUNNING).values_list("pk", flat=True)
         # What waits for these is counted once every one of them is cancelled: a job waiting

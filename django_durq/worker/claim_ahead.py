@@ -9,7 +9,7 @@ from collections import deque
 from django.db import transaction
 
 from ..conf import hooks
-from ..db import Dialect, places, wakeup
+from ..db import Dialect, counters, places, wakeup
 from .attempt import Attempt
 from .completions import PoolCompletions
 
@@ -72,6 +72,8 @@ class ClaimAhead(PoolCompletions):
         def release(dialect: Dialect) -> int:
             with transaction.atomic(using=alias):
                 released = dialect.release(leases, started=False, now_ms=runtime.clock.now_ms())
+                if released == len(taken):  # which were released is not told: counted when all were
+                    counters.add(dialect, [row for a in taken for row in counters.ended(a.job, counters.HANDED_BACK)])
                 places.free(dialect, placed)
                 wakeup.wake_on_commit(alias, [self.queue], jobs=released)
             return released

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from ..conf import hooks
-from ..db import ClaimedJob, Dialect, Lease
+from ..db import ClaimedJob, Dialect, Lease, counters
 from ..execution.executor import Executor
 from ..execution.outcomes import DEAD, Completion, log_extra
 from ..handlers.context import JobContext
@@ -93,13 +93,17 @@ class PoolCompletions:
         kept = [(a.lease, a.finished_ms, a.stored) for a in completions if a.finished_ms is not None]
         first_try = time.monotonic()
         tries = 0
+        ran = [(a.lease, a.job, a.ctx.started_mono) for a in completions]
+
+        def count_batch(dialect: Dialect, done: set[Lease], jobs: list[ClaimedJob]) -> None:
+            counters.completed(dialect, ran, done, jobs, now, time.monotonic())
 
         def complete_and_claim(dialect: Dialect) -> tuple[set[Lease], list[ClaimedJob]]:
             nonlocal tries
             tries += 1
             hooks.jitter("complete")
             return dialect.complete_and_claim(
-                leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock, free, outlook
+                leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock, free, outlook, count_batch
             )
 
         try:

@@ -17,7 +17,7 @@ from django.db.models import Exists, Max, OuterRef, Q
 
 from .. import schedules
 from ..conf import DurqSettings
-from ..db import dialect_for
+from ..db import counters, dialect_for
 from ..db.dependencies import settle, uncounted_ends
 from ..db.expiry import end_waiting, expiry_message, next_expiry
 from ..models import ACTIVE_STATUSES, Dependency, Job, QueueStat, Status, Workflow
@@ -85,7 +85,11 @@ class ExpiryDuty:
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         dialect = dialect_for(connections[self.settings.database])
-        ended = end_waiting(dialect, now_ms, self.BATCH)
+        ended = counters.counted(
+            dialect,
+            lambda jobs: [(job.queue, job.name, counters.CANCELLED, 1) for job in jobs],
+            lambda: end_waiting(dialect, now_ms, self.BATCH),
+        )
         for job in ended:
             jobs_log.info(
                 "durq: job %s (%s) %s -> cancelled",
@@ -188,6 +192,24 @@ class StatsRetention:
         return {"deleted": deleted}
 
 
+class CounterFold:
+    """Folds counter rows that no writer has added to for ``counters.FOLD_IDLE_MS`` into the writer ``""``.
+
+    Each fold is one transaction, so the metrics view's sums never decrease; the table keeps a
+    set of rows per writer that counted lately, not one per process that ever ran.
+    """
+
+    name = "counter-fold"
+    every_ms = PRUNE_EVERY_MAX_MS
+
+    def __init__(self, settings: DurqSettings) -> None:
+        self.settings = settings
+
+    def run_once(self, now_ms: int) -> dict[str, int]:
+        dialect = dialect_for(connections[self.settings.database])
+        return {"folded": counters.fold(dialect, now_ms)}
+
+
 class SettleDuty:
     """Counts job ends that the worker which ended them did not (it died, or an operator cancelled).
 
@@ -270,6 +292,10 @@ def _stats_retention(runtime: Runtime) -> StatsRetention:
     return StatsRetention(runtime.settings)
 
 
+def _counter_fold(runtime: Runtime) -> CounterFold:
+    return CounterFold(runtime.settings)
+
+
 def _settle(runtime: Runtime) -> SettleDuty:
     return SettleDuty(runtime.settings)
 
@@ -284,3 +310,4 @@ register_duty(_expiry)
 register_duty(_retention)
 register_duty(_workflow_retention)
 register_duty(_stats_retention)
+register_duty(_counter_fold)

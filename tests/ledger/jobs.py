@@ -43,6 +43,15 @@ def effect(ctx, tag="", sleep=0.0, sleep_first=0.0):
         record(ctx, tag)
 
 
+@job(name="tests.traced")
+def traced(ctx):
+    """Records the OpenTelemetry trace and span it runs in as its effect's tag: "<trace id>:<span id>"."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span().get_span_context()
+    record(ctx, f"{span.trace_id:032x}:{span.span_id:016x}")
+
+
 @job(name="tests.effect_fast", queue="fast")
 def effect_fast(ctx, tag=""):
     record(ctx, tag)

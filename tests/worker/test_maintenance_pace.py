@@ -7,10 +7,12 @@ worker that becomes the holder runs every duty at once. Driven by a manual clock
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from django_durq import Workflow
-from django_durq.clock import ManualClock
+from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.models import Dependency, DutyLease, Job, Status
 from django_durq.worker.duties import prune_every_ms
@@ -20,7 +22,7 @@ from tests.ledger import jobs
 from tests.worker.test_retention import make
 
 START = 1_800_000_000_000
-EVERY_DUTY = {"stale-workers", "cron", "settle", "expiry", "retention", "workflow-retention", "stats-retention"}
+EVERY_DUTY = {"stale-workers", "cron", "settle", "expiry", "retention", "workflow-retention", "stats-retention", "counter-fold"}
 
 
 def test_pruning_looks_again_after_a_tenth_of_the_shortest_window_between_a_second_and_a_minute():
@@ -31,10 +33,11 @@ def test_pruning_looks_again_after_a_tenth_of_the_shortest_window_between_a_seco
 
 
 @pytest.fixture
-def runner(settings) -> tuple[MaintenanceRunner, ManualClock]:
+def runner(settings) -> Iterator[tuple[MaintenanceRunner, ManualClock]]:
     settings.DURQ = {**settings.DURQ, "KEEP_FINISHED": 3600}
     clock = ManualClock(start_ms=START)
-    return MaintenanceRunner(Runtime(settings=get_settings(), clock=clock)), clock
+    with use_clock(clock):  # one timeline: what the test enqueues is stamped with the runner's time
+        yield MaintenanceRunner(Runtime(settings=get_settings(), clock=clock)), clock
 
 
 def ran(runner: MaintenanceRunner, clock: ManualClock) -> set[str]:

@@ -1,0 +1,134 @@
+"""A trace from the code that enqueues a job into the handler that runs it, with OpenTelemetry.
+
+With ``opentelemetry-api`` installed (``pip install django-durq[otel]``) and a tracer provider
+set (the SDK's, as the application configures it), every enqueue is a span, ``durq enqueue
+<job type>``, whose context (W3C ``traceparent``, and ``baggage``) is stored with the job in
+``durq_job.trace_context``; the run of each attempt is a span, ``durq run <job type>``, child of
+that context, around the handler (the ``job_prerun`` and ``job_postrun`` signals). A request
+traced by the Django instrumentation thus continues into the jobs it queues. Both spans carry
+the job's id, type, queue and attempt; a handler's exception is recorded on its run span.
+
+Without OpenTelemetry, or with no tracer provider set, nothing is stored and nothing is read:
+an enqueue writes the row it always wrote, and the run side costs one read of the job's
+``trace_context`` per attempt only while tracing is on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from ..exceptions import Retry
+from ..signals import job_postrun, job_prerun
+
+INSTRUMENTATION = "django_durq"
+_running = threading.local()  # the run span of this handler thread, and the context token to detach
+
+
+@cache
+def installed() -> bool:
+    return importlib.util.find_spec("opentelemetry") is not None  # looked up once: an enqueue asks
+
+
+def _tracing() -> Any | None:
+    """``opentelemetry.trace`` when a tracer provider is set; None when tracing is off."""
+    if not installed():
+        return None
+    from opentelemetry import trace  # optional: the otel extra
+
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None  # no provider set: every span would be a no-op
+    return trace
+
+
+def attributes(job_id: int | None, name: str, queue: str, attempt: int) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "messaging.system": "durq",
+        "messaging.destination.name": queue,
+        "durq.job.name": name,
+        "durq.queue": queue,
+        "durq.job.attempt": attempt,
+    }
+    if job_id is not None:
+        found["durq.job.id"] = job_id
+        found["messaging.message.id"] = str(job_id)
+    return found
+
+
+@dataclass
+class Enqueue:
+    columns: dict[str, str] = field(default_factory=dict)  # to write with each job: its trace context, if any
+    ids: list[int] = field(default_factory=list)  # the jobs inserted, told by the caller
+
+
+@contextmanager
+def enqueuing(name: str, queue: str) -> Iterator[Enqueue]:
+    """Around the insert of jobs of type ``name``: a span whose context the jobs store (``columns``).
+
+    The caller adds the ids of the jobs it inserted to ``ids``; the span names them.
+    """
+    enqueue = Enqueue()
+    trace = _tracing()
+    if trace is None:
+        yield enqueue
+        return
+    from opentelemetry import propagate  # optional: the otel extra
+
+    tracer = trace.get_tracer(INSTRUMENTATION)
+    with tracer.start_as_current_span(
+        f"durq enqueue {name}", kind=trace.SpanKind.PRODUCER, attributes=attributes(None, name, queue, 0)
+    ) as span:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if carrier:
+            enqueue.columns["trace_context"] = json.dumps(carrier, sort_keys=True)
+        yield enqueue
+        if len(enqueue.ids) == 1:
+            span.set_attribute("durq.job.id", enqueue.ids[0])
+            span.set_attribute("messaging.message.id", str(enqueue.ids[0]))
+        elif enqueue.ids:
+            span.set_attribute("messaging.batch.message_count", len(enqueue.ids))
+
+
+def _started(sender: Any, job_id: int, name: str, queue: str, attempt: int, **kwargs: Any) -> None:
+    trace = _tracing()
+    if trace is None:
+        return
+    from opentelemetry import context, propagate  # optional: the otel extra
+
+    from ..models import Job  # app loading: the receivers are connected from apps.py's ready()
+
+    stored = Job.objects.filter(pk=job_id).values_list("trace_context", flat=True).first()
+    parent = propagate.extract(json.loads(stored)) if stored else None
+    span = trace.get_tracer(INSTRUMENTATION).start_span(
+        f"durq run {name}", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes(job_id, name, queue, attempt)
+    )
+    _running.span = span
+    _running.token = context.attach(trace.set_span_in_context(span))
+
+
+def _ended(sender: Any, error: BaseException | None = None, **kwargs: Any) -> None:
+    span = getattr(_running, "span", None)
+    if span is None:
+        return
+    from opentelemetry import context, trace  # optional: the otel extra
+
+    _running.span = None
+    if error is not None and not isinstance(error, Retry):  # a retry the handler asked for is no error
+        span.record_exception(error)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+    span.end()
+    context.detach(_running.token)
+
+
+def connect() -> None:
+    """Trace each run, when OpenTelemetry is installed (called once, from the app's ``ready()``)."""
+    if installed():
+        job_prerun.connect(_started, dispatch_uid="django_durq.tracing.started")
+        job_postrun.connect(_ended, dispatch_uid="django_durq.tracing.ended")
