@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,6 +40,59 @@ WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NUL
 ORDER BY priority DESC, run_at_ms, id LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
+
+# How often a claim that keeps coming back full also looks for jobs whose lease ran out (the
+# expired pick). MariaDB has no partial lease index: the pick walks every running row of the
+# queue, every worker's claimed-ahead batch, locking or passing over each, so with many worker
+# processes it cost most of each claim and held up their completions (16 processes drained at a
+# sixth of 4 processes' rate). A claim that came back short looks every time, as does the first
+# claim after this long; a busy worker thus still takes a lost worker's jobs within this of their
+# expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
+EXPIRED_LOOK_S = 0.5
+# How long after a claim that came back full its queue counts as claiming on its own (see ``claiming``).
+CLAIMING_S = 1.0
+
+
+class _Claims:
+    """What this process's last claims of each queue found: when to look for expired leases again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._looked: dict[tuple[str, str, str], float] = {}  # (alias, queue, worker) -> last expired pick
+        self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
+        self._full_at: dict[tuple[str, str], float] = {}  # (alias, queue) -> when the last claim came back full
+
+    def look_expired(self, key: tuple[str, str, str], now: float) -> bool:
+        with self._lock:
+            if self._full.get(key) and now - self._looked.get(key, -EXPIRED_LOOK_S) < EXPIRED_LOOK_S:
+                return False
+            self._looked[key] = now
+            return True
+
+    def took(self, key: tuple[str, str, str], full: bool, now: float) -> None:
+        with self._lock:
+            self._full[key] = full
+            if full:
+                self._full_at[key[:2]] = now
+            else:
+                self._full_at.pop(key[:2], None)
+
+    def claiming(self, alias: str, queue: str, now: float) -> bool:
+        with self._lock:
+            return now - self._full_at.get((alias, queue), -CLAIMING_S) < CLAIMING_S
+
+
+_claims = _Claims()
+
+
+def claiming(alias: str, queue: str) -> bool:
+    """Whether the last claim of ``queue`` in this process took all it asked for, within the last ``CLAIMING_S``.
+
+    Such a pool claims again without waiting for a wake-up: the watcher need not read whether a
+    job of that queue is due.
+    """
+    return _claims.claiming(alias, queue, time.monotonic())
+
 
 # A bulk enqueue sends its arguments texts as one JSON array per statement, at most this many
 # rows and characters. A character takes at most 4 bytes once encoded and escaped, so a
@@ -88,12 +143,22 @@ class MySQLDialect(Dialect):
     insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        alias = self.connection.alias
-        with transaction.atomic(using=alias):
-            rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
+        """Claim up to ``limit`` due or expired jobs of ``queue``; the expired pick as ``EXPIRED_LOOK_S`` says.
+
+        Inside a caller's transaction (a completion's) no savepoint: one transaction either way,
+        and an error rolls back the whole of it.
+        """
+        key = (self.connection.alias, queue, worker_id)
+        started = time.monotonic()
+        with transaction.atomic(using=self.connection.alias, savepoint=False):
+            rows = []
+            if _claims.look_expired(key, started):
+                rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
             if len(rows) < limit:
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))
-            return self._take(rows, now_ms, worker_id)
+            jobs = self._take(rows, now_ms, worker_id)
+        _claims.took(key, len(jobs) >= limit, started)
+        return jobs
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         marks = ", ".join(["%s"] * len(picks))
