@@ -46,9 +46,9 @@ FOR UPDATE SKIP LOCKED
 # queue, every worker's claimed-ahead batch, locking or passing over each, so with many worker
 # processes it cost most of each claim and held up their completions (16 processes drained at a
 # sixth of 4 processes' rate). A claim that came back short looks every time, as does the first
-# claim after this long; a busy worker thus still takes a lost worker's jobs within this of their
-# expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
-EXPIRED_LOOK_S = 0.5
+# claim after this long (in the claims' own time); a busy worker thus still takes a lost worker's
+# jobs within this of their expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
+EXPIRED_LOOK_MS = 500
 # How long after a claim that came back full its queue counts as claiming on its own (see ``claiming``).
 CLAIMING_S = 1.0
 
@@ -58,15 +58,16 @@ class _Claims:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._looked: dict[tuple[str, str, str], float] = {}  # (alias, queue, worker) -> last expired pick
+        self._looked: dict[tuple[str, str, str], int] = {}  # (alias, queue, worker) -> time of the last expired pick
         self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
         self._full_at: dict[tuple[str, str], float] = {}  # (alias, queue) -> when the last claim came back full
 
-    def look_expired(self, key: tuple[str, str, str], now: float) -> bool:
+    def look_expired(self, key: tuple[str, str, str], now_ms: int) -> bool:
         with self._lock:
-            if self._full.get(key) and now - self._looked.get(key, -EXPIRED_LOOK_S) < EXPIRED_LOOK_S:
+            looked = self._looked.get(key)
+            if self._full.get(key) and looked is not None and looked <= now_ms < looked + EXPIRED_LOOK_MS:
                 return False
-            self._looked[key] = now
+            self._looked[key] = now_ms
             return True
 
     def took(self, key: tuple[str, str, str], full: bool, now: float) -> None:
@@ -143,7 +144,7 @@ class MySQLDialect(Dialect):
     insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due or expired jobs of ``queue``; the expired pick as ``EXPIRED_LOOK_S`` says.
+        """Claim up to ``limit`` due or expired jobs of ``queue``; the expired pick as ``EXPIRED_LOOK_MS`` says.
 
         Inside a caller's transaction (a completion's) no savepoint: one transaction either way,
         and an error rolls back the whole of it.
@@ -152,7 +153,7 @@ class MySQLDialect(Dialect):
         started = time.monotonic()
         with transaction.atomic(using=self.connection.alias, savepoint=False):
             rows = []
-            if _claims.look_expired(key, started):
+            if _claims.look_expired(key, now_ms):
                 rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
             if len(rows) < limit:
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))

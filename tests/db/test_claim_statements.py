@@ -3,13 +3,12 @@
 A kept completion is one statement text whatever the batch's size (SQLite, PostgreSQL), so the
 driver and the server do not parse and plan it anew per batch. On MariaDB a claim inside a
 completion's transaction takes no savepoint, and a worker whose claims come back full looks for
-expired leases at most every ``EXPIRED_LOOK_S``, not in every claim: that look walks every running
+expired leases at most every ``EXPIRED_LOOK_MS`` of its claims' time, not in every claim: that look walks every running
 row of every worker. An expired lease is still taken by the next claim that looks.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -86,7 +85,7 @@ def expired_picks(sent: Sent) -> int:
 
 @mariadb_only
 def test_full_claims_look_for_expired_leases_every_half_second_and_short_claims_every_time():
-    from django_durq.db.mysql import EXPIRED_LOOK_S
+    from django_durq.db.mysql import EXPIRED_LOOK_MS
 
     jobs.noop.enqueue_many([{"n": n} for n in range(8)])
     dialect = dialect_for(connection)
@@ -103,18 +102,17 @@ def test_full_claims_look_for_expired_leases_every_half_second_and_short_claims_
     Job.objects.filter(pk=first[0].id).update(lease_expires_ms=NOW - 1)  # lost again
     sent.texts.clear()
     with connection.execute_wrapper(sent):
-        skipped = dialect.claim("default", 1, NOW, busy)
-        time.sleep(EXPIRED_LOOK_S)
-        looked = dialect.claim("default", 1, NOW, busy)  # half a second on: it looks again
+        skipped = dialect.claim("default", 1, NOW + EXPIRED_LOOK_MS - 1, busy)
+        looked = dialect.claim("default", 1, NOW + EXPIRED_LOOK_MS, busy)  # half a second on: it looks again
     assert skipped[0].id != first[0].id and looked[0].id == first[0].id
     assert expired_picks(sent) == 1
 
     Job.objects.filter(pk=looked[0].id).update(lease_expires_ms=NOW - 1)
     sent.texts.clear()
     with connection.execute_wrapper(sent):
-        short = dialect.claim("default", 10, NOW, busy)  # full before, looked just now: the due jobs left, too few
-        again = dialect.claim("default", 10, NOW, busy)  # after a short claim it looks every time
-        nothing = dialect.claim("default", 10, NOW, busy)
+        short = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)  # full, looked just now: the due jobs left, too few
+        again = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)  # after a short claim it looks every time
+        nothing = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)
     assert len(short) == 3 and looked[0].id not in {job.id for job in short}
     assert [job.id for job in again] == [looked[0].id] and nothing == []
     assert expired_picks(sent) == 2
