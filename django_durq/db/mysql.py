@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,8 +48,6 @@ FOR UPDATE SKIP LOCKED
 # claim after this long (in the claims' own time); a busy worker thus still takes a lost worker's
 # jobs within this of their expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
 EXPIRED_LOOK_MS = 500
-# How long after a claim that came back full its queue counts as claiming on its own (see ``claiming``).
-CLAIMING_S = 1.0
 
 
 class _Claims:
@@ -60,7 +57,7 @@ class _Claims:
         self._lock = threading.Lock()
         self._looked: dict[tuple[str, str, str], int] = {}  # (alias, queue, worker) -> time of the last expired pick
         self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
-        self._full_at: dict[tuple[str, str], float] = {}  # (alias, queue) -> when the last claim came back full
+        self._full_queues: set[tuple[str, str]] = set()  # (alias, queue) whose last claim came back full
 
     def look_expired(self, key: tuple[str, str, str], now_ms: int) -> bool:
         with self._lock:
@@ -70,29 +67,31 @@ class _Claims:
             self._looked[key] = now_ms
             return True
 
-    def took(self, key: tuple[str, str, str], full: bool, now: float) -> None:
+    def took(self, key: tuple[str, str, str], full: bool) -> None:
         with self._lock:
             self._full[key] = full
             if full:
-                self._full_at[key[:2]] = now
+                self._full_queues.add(key[:2])
             else:
-                self._full_at.pop(key[:2], None)
+                self._full_queues.discard(key[:2])
 
-    def claiming(self, alias: str, queue: str, now: float) -> bool:
+    def claiming(self, alias: str, queue: str) -> bool:
         with self._lock:
-            return now - self._full_at.get((alias, queue), -CLAIMING_S) < CLAIMING_S
+            return (alias, queue) in self._full_queues
 
 
 _claims = _Claims()
 
 
 def claiming(alias: str, queue: str) -> bool:
-    """Whether the last claim of ``queue`` in this process took all it asked for, within the last ``CLAIMING_S``.
+    """Whether the last claim of ``queue`` in this process took all it asked for.
 
-    Such a pool claims again without waiting for a wake-up: the watcher need not read whether a
-    job of that queue is due.
+    Such a pool claims again without waiting for a wake-up or probing first, until a claim comes
+    back short: the watcher need not read whether a job of that queue is due. (A time window
+    instead would let a queue whose claims are slow drop in and out of the watcher's reads, each
+    return reading as a job newly due: a wake-up, and the watcher back at its fastest pace.)
     """
-    return _claims.claiming(alias, queue, time.monotonic())
+    return _claims.claiming(alias, queue)
 
 
 # A bulk enqueue sends its arguments texts as one JSON array per statement, at most this many
@@ -150,7 +149,6 @@ class MySQLDialect(Dialect):
         and an error rolls back the whole of it.
         """
         key = (self.connection.alias, queue, worker_id)
-        started = time.monotonic()
         with transaction.atomic(using=self.connection.alias, savepoint=False):
             rows = []
             if _claims.look_expired(key, now_ms):
@@ -158,7 +156,7 @@ class MySQLDialect(Dialect):
             if len(rows) < limit:
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))
             jobs = self._take(rows, now_ms, worker_id)
-        _claims.took(key, len(jobs) >= limit, started)
+        _claims.took(key, len(jobs) >= limit)
         return jobs
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
