@@ -76,12 +76,15 @@ class ServerClock:
         self._lock = threading.Lock()
 
     def now_ms(self) -> int:
-        if not self._measured_once or time.monotonic_ns() - self._measured_ns > self.refresh_s * 1e9:
+        # Read for every job a worker claims, starts and finishes: one monotonic read when no measurement is due.
+        mono_ns = time.monotonic_ns()
+        if not self._measured_once or mono_ns - self._measured_ns > self.refresh_s * 1e9:
             self.measure(quiet=True)
+            mono_ns = time.monotonic_ns()
         anchor = self._anchor
         if anchor is None:
             return self.base.now_ms()
-        return int(anchor[0] + (time.monotonic_ns() - anchor[1]) / 1_000_000)
+        return int(anchor[0] + (mono_ns - anchor[1]) / 1_000_000)
 
     def measure(self, quiet: bool = False) -> None:
         """Read the server's clock now; with ``quiet``, a failure keeps the last measurement.

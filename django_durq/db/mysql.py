@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,6 +39,60 @@ WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NUL
 ORDER BY priority DESC, run_at_ms, id LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
+
+# How often a claim that keeps coming back full also looks for jobs whose lease ran out (the
+# expired pick). MariaDB has no partial lease index: the pick walks every running row of the
+# queue, every worker's claimed-ahead batch, locking or passing over each, so with many worker
+# processes it cost most of each claim and held up their completions (16 processes drained at a
+# sixth of 4 processes' rate). A claim that came back short looks every time, as does the first
+# claim after this long (in the claims' own time); a busy worker thus still takes a lost worker's
+# jobs within this of their expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
+EXPIRED_LOOK_MS = 500
+
+
+class _Claims:
+    """What this process's last claims of each queue found: when to look for expired leases again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._looked: dict[tuple[str, str, str], int] = {}  # (alias, queue, worker) -> time of the last expired pick
+        self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
+        self._full_queues: set[tuple[str, str]] = set()  # (alias, queue) whose last claim came back full
+
+    def look_expired(self, key: tuple[str, str, str], now_ms: int) -> bool:
+        with self._lock:
+            looked = self._looked.get(key)
+            if self._full.get(key) and looked is not None and looked <= now_ms < looked + EXPIRED_LOOK_MS:
+                return False
+            self._looked[key] = now_ms
+            return True
+
+    def took(self, key: tuple[str, str, str], full: bool) -> None:
+        with self._lock:
+            self._full[key] = full
+            if full:
+                self._full_queues.add(key[:2])
+            else:
+                self._full_queues.discard(key[:2])
+
+    def claiming(self, alias: str, queue: str) -> bool:
+        with self._lock:
+            return (alias, queue) in self._full_queues
+
+
+_claims = _Claims()
+
+
+def claiming(alias: str, queue: str) -> bool:
+    """Whether the last claim of ``queue`` in this process took all it asked for.
+
+    Such a pool claims again without waiting for a wake-up or probing first, until a claim comes
+    back short: the watcher need not read whether a job of that queue is due. (A time window
+    instead would let a queue whose claims are slow drop in and out of the watcher's reads, each
+    return reading as a job newly due: a wake-up, and the watcher back at its fastest pace.)
+    """
+    return _claims.claiming(alias, queue)
+
 
 # A bulk enqueue sends its arguments texts as one JSON array per statement, at most this many
 # rows and characters. A character takes at most 4 bytes once encoded and escaped, so a
@@ -88,12 +143,21 @@ class MySQLDialect(Dialect):
     insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        alias = self.connection.alias
-        with transaction.atomic(using=alias):
-            rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
+        """Claim up to ``limit`` due or expired jobs of ``queue``; the expired pick as ``EXPIRED_LOOK_MS`` says.
+
+        Inside a caller's transaction (a completion's) no savepoint: one transaction either way,
+        and an error rolls back the whole of it.
+        """
+        key = (self.connection.alias, queue, worker_id)
+        with transaction.atomic(using=self.connection.alias, savepoint=False):
+            rows = []
+            if _claims.look_expired(key, now_ms):
+                rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
             if len(rows) < limit:
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))
-            return self._take(rows, now_ms, worker_id)
+            jobs = self._take(rows, now_ms, worker_id)
+        _claims.took(key, len(jobs) >= limit)
+        return jobs
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         marks = ", ".join(["%s"] * len(picks))

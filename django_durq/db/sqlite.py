@@ -68,6 +68,16 @@ _HELD = (
 )
 
 
+# A batch of finished jobs kept (``finish_many``): one text for every batch size, each job's
+# (id, token, finished at, result) an element of one JSON array, joined by rowid. A job an operator
+# asked to stop ends cancelled, as in the shared statement.
+_FINISH = f"""UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'finished' END,
+    lease_expires_ms = NULL, finished_ms = done.finished_ms, result = done.result
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+        json_extract(value, '$[2]') AS finished_ms, json_extract(value, '$[3]') AS result FROM json_each(%s)) AS done
+WHERE {JOB}.id = done.id AND {JOB}.claim_token = done.token AND {JOB}.status = 'running'"""
+
+
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
     exclusivity = "processes on one host sharing the database file"
@@ -117,6 +127,15 @@ class SQLiteDialect(Dialect):
             return super().renew(leases, now_ms)
         finally:
             self.execute(f"PRAGMA busy_timeout = {waits}")
+
+    def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
+        if not kept:
+            return set()
+        leases = [lease for lease, _, _ in kept]
+        rows = json.dumps([[job_id, token, finished_ms, result] for (job_id, token), finished_ms, result in kept])
+        if self.execute(_FINISH, [rows]) == len(kept):
+            return set(leases)
+        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _ATTEMPTS, [json.dumps(leases)]

@@ -63,6 +63,7 @@ class JobContext:
         stop_cause: Callable[[], str] | None = None,
         claimed_mono: float | None = None,
         presence_held_since: Callable[[], float | None] | None = None,
+        claimed_ms: int | None = None,
     ) -> None:
         self.job_id = job.id
         self.name = job.name
@@ -74,8 +75,10 @@ class JobContext:
         self.worker_id = worker_id
         self.lease_ms = job.lease_ms
         self.timeout_ms = job.timeout_ms
-        mono = time.monotonic()
-        self.started_ms = clock.now_ms()
+        # Until the handler starts (``start()``), the claim's times: a dispatcher builds one context
+        # per job it claims and passes both, so the clocks are read once per batch, not per job.
+        mono = time.monotonic() if claimed_mono is None else claimed_mono
+        self.started_ms = clock.now_ms() if claimed_ms is None else claimed_ms
         self.started_mono = mono
         self.deadline_ms = self.started_ms + job.timeout_ms if job.timeout_ms else None
         self.lease_lost = False
@@ -86,9 +89,9 @@ class JobContext:
         self.settled = False  # an outcome of this attempt is being recorded; nothing else may record one
         # Monotonic second until which the database has confirmed this lease: from the moment the
         # claim read its "now" (``claimed_mono``), or at the latest from when the context was built.
-        self.confirmed_until = (mono if claimed_mono is None else claimed_mono) + job.lease_ms / 1000
+        self.confirmed_until = mono + job.lease_ms / 1000
         # Monotonic second at which the lease was last confirmed: the claim, then each renewal sent.
-        self.confirmed_at = mono if claimed_mono is None else claimed_mono
+        self.confirmed_at = mono
         self._margin_s = lease_margin_s(job.lease_ms)
         self._deadline_mono = mono + job.timeout_ms / 1000 if job.timeout_ms else None
         self._store = store

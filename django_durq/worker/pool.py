@@ -233,7 +233,7 @@ class Pool(Slots):
                         wait_s = 0  # claim again, now through the limited claim
                         continue
                 if jobs:
-                    self._enter(jobs, now_mono)
+                    self._enter(jobs, now_mono, now)
                     wait_s = runtime.poll_s
                 if self._completions:
                     wait_s = COMPLETION_HOLD_MS / 1000
@@ -259,8 +259,11 @@ class Pool(Slots):
             self.finished.set()
             runtime.wake_main()
 
-    def _enter(self, jobs: list[ClaimedJob], claimed_mono: float) -> None:
-        """Make claimed jobs attempts: into the book (so their leases are kept), then the buffer."""
+    def _enter(self, jobs: list[ClaimedJob], claimed_mono: float, claimed_ms: int) -> None:
+        """Make claimed jobs attempts: into the book (so their leases are kept), then the buffer.
+
+        Each context takes the claim's times: no clock is read per job on the dispatcher.
+        """
         runtime = self.runtime
         attempts = []
         for job in jobs:
@@ -272,6 +275,7 @@ class Pool(Slots):
                 shutdown=runtime.shutdown,
                 stop_cause=runtime.stop_cause,
                 claimed_mono=claimed_mono,
+                claimed_ms=claimed_ms,
                 presence_held_since=runtime.presence_held_since,
             )
             attempts.append(Attempt(job, ctx, self))

@@ -22,7 +22,8 @@ interval is how late a job enqueued on another host after a quiet spell may be n
 handed out when a transaction inserts, not when it commits, so a transaction that commits after a
 later one leaves a gap below the highest id seen; the watcher keeps such gaps in view (for
 ``GAP_S``) and wakes the pools when one fills. It also reads which of its pools' queues have a
-job due, as a job handed back or retried becomes due without a new id. On any trouble the watcher
+job due, as a job handed back or retried becomes due without a new id (not for a queue whose
+pool's claims come back full: it claims again anyway). On any trouble the watcher
 kicks every pool, so a lost notification costs at most one probe, never a job; the poll interval
 is the last safety net.
 """
@@ -43,7 +44,7 @@ from ..clock import now_ms
 from ..db import dialect_for, wakeup
 from ..db.base import own_connection
 from ..db.doorbell import Bell
-from ..db.mysql import NEWEST_JOB, watcher_look
+from ..db.mysql import NEWEST_JOB, claiming, watcher_look
 from ..db.postgresql import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_durq")
@@ -176,7 +177,7 @@ class Watcher:
             pace = Pace()
             while not self._wait(pace.interval()):
                 open_gaps = gaps.open()
-                queues = wakeup.subscribed()
+                queues = due_reads(self.alias)
                 now = now_ms()
                 params = [gaps.last, *open_gaps, *(value for queue in queues for value in (queue, now, queue))]
                 cursor.execute(watcher_look(len(open_gaps), len(queues)), params)
@@ -240,6 +241,16 @@ class Watcher:
                 queues = {notice.payload for notice in raw.notifies}
                 raw.notifies.clear()
                 wakeup.notify(queues)
+
+
+def due_reads(alias: str) -> list[str]:
+    """The queues of this process whose due jobs the MariaDB watcher reads: those not being claimed in full.
+
+    A pool whose last claim took all it asked for claims again on its own; for its queue, the
+    read would only walk the rows its claims are moving (with many workers, most of the watcher's
+    cost), to wake a pool that needs no waking.
+    """
+    return [queue for queue in wakeup.subscribed() if not claiming(alias, queue)]
 
 
 class Pace:

@@ -1,0 +1,138 @@
+"""What the dispatcher's transaction sends: the statements a drain pays for per batch.
+
+A kept completion is one statement text whatever the batch's size (SQLite, PostgreSQL), so the
+driver and the server do not parse and plan it anew per batch. On MariaDB a claim inside a
+completion's transaction takes no savepoint, and a worker whose claims come back full looks for
+expired leases at most every ``EXPIRED_LOOK_MS`` of its claims' time, not in every claim: that look walks every running
+row of every worker. An expired lease is still taken by the next claim that looks.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connection
+
+from django_durq.db import dialect_for, wakeup
+from django_durq.models import Job, Status
+from tests.conftest import db_vendor
+from tests.ledger import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = 1_800_000_000_000
+mariadb_only = pytest.mark.skipif(db_vendor() != "mysql", reason="MariaDB's claim")
+
+
+class Sent:
+    """The statement texts the test's connection sends (parameters apart), as the driver gets them."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, execute, sql, params, many, context):
+        self.texts.append(" ".join(sql.split()))
+        return execute(sql, params, many, context)
+
+    def starting(self, *words: str) -> list[str]:
+        return [text for text in self.texts if text.upper().startswith(words)]
+
+
+def worker() -> str:
+    return f"test:{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.skipif(db_vendor() == "mysql", reason="SQLite's and PostgreSQL's kept completion")
+def test_a_kept_batch_is_one_statement_text_whatever_its_size():
+    jobs.noop.enqueue_many([{"n": n} for n in range(5)])
+    dialect = dialect_for(connection)
+    claimed = dialect.claim("default", 5, NOW, worker())
+    leases = [(job.id, job.claim_token) for job in claimed]
+    sent = Sent()
+    with connection.execute_wrapper(sent):
+        assert dialect.finish_many([(leases[0], NOW + 1, None)]) == {leases[0]}
+        assert dialect.finish_many([(lease, NOW + 2, None) for lease in leases[1:4]]) == set(leases[1:4])
+    updates = sent.starting("UPDATE")
+    assert len(updates) == 2 and updates[0] == updates[1]
+    # Results ride the same way: one text for a batch of one and of two, the right result on each row.
+    Job.objects.filter(pk=leases[4][0]).update(stop_requested=True)  # an operator asked it to stop
+    assert dialect.finish_many([(leases[4], NOW + 3, '"stopped"')]) == {leases[4]}
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert [(rows[job_id].status, rows[job_id].finished_ms) for job_id, _ in leases] == [
+        (Status.FINISHED, NOW + 1),
+        *[(Status.FINISHED, NOW + 2)] * 3,
+        (Status.CANCELLED, NOW + 3),
+    ]
+    assert rows[leases[4][0]].result == '"stopped"' and rows[leases[0][0]].result is None
+
+
+@mariadb_only
+def test_a_claim_inside_a_completions_transaction_takes_no_savepoint():
+    jobs.noop.enqueue_many([{"n": n} for n in range(3)])
+    dialect = dialect_for(connection)
+    done = dialect.claim("default", 1, NOW, worker())
+    sent = Sent()
+    with connection.execute_wrapper(sent):  # its own transaction, as the dispatcher's
+        finished, claimed = dialect.complete_and_claim([(done[0].id, done[0].claim_token)], "default", 2, NOW, worker())
+    assert len(finished) == 1 and len(claimed) == 2
+    assert sent.starting("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT") == []
+
+
+def expired_picks(sent: Sent) -> int:
+    return sum("status = 'running' AND lease_expires_ms <=" in text for text in sent.starting("SELECT"))
+
+
+@mariadb_only
+def test_full_claims_look_for_expired_leases_every_half_second_and_short_claims_every_time():
+    from django_durq.db.mysql import EXPIRED_LOOK_MS
+
+    jobs.noop.enqueue_many([{"n": n} for n in range(8)])
+    dialect = dialect_for(connection)
+    lost = dialect.claim("default", 1, NOW, worker())[0]  # its worker is gone: its lease runs out
+    Job.objects.filter(pk=lost.id).update(lease_expires_ms=NOW - 1)
+    busy = worker()
+    sent = Sent()
+    with connection.execute_wrapper(sent):
+        first = dialect.claim("default", 2, NOW, busy)  # the first claim looks, and takes the expired job first
+        second = dialect.claim("default", 2, NOW, busy)  # full before, looked just now: no look
+    assert first[0].id == lost.id and first[0].reclaimed_from is not None
+    assert len(second) == 2 and expired_picks(sent) == 1
+
+    Job.objects.filter(pk=first[0].id).update(lease_expires_ms=NOW - 1)  # lost again
+    sent.texts.clear()
+    with connection.execute_wrapper(sent):
+        skipped = dialect.claim("default", 1, NOW + EXPIRED_LOOK_MS - 1, busy)
+        looked = dialect.claim("default", 1, NOW + EXPIRED_LOOK_MS, busy)  # half a second on: it looks again
+    assert skipped[0].id != first[0].id and looked[0].id == first[0].id
+    assert expired_picks(sent) == 1
+
+    Job.objects.filter(pk=looked[0].id).update(lease_expires_ms=NOW - 1)
+    sent.texts.clear()
+    with connection.execute_wrapper(sent):
+        short = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)  # full, looked just now: the due jobs left, too few
+        again = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)  # after a short claim it looks every time
+        nothing = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)
+    assert len(short) == 3 and looked[0].id not in {job.id for job in short}
+    assert [job.id for job in again] == [looked[0].id] and nothing == []
+    assert expired_picks(sent) == 2
+
+
+@mariadb_only
+def test_the_watcher_reads_due_jobs_only_for_queues_not_claimed_in_full():
+    from django_durq.worker.watcher import due_reads
+
+    def wake(named: bool) -> bool:
+        return False
+
+    jobs.noop.enqueue_many([{"n": n} for n in range(3)])
+    dialect = dialect_for(connection)
+    wakeup.subscribe("default", wake)
+    try:
+        assert "default" in due_reads(connection.alias)
+        dialect.claim("default", 2, NOW, worker())  # full: the pool claims again on its own
+        assert "default" not in due_reads(connection.alias)
+        dialect.claim("default", 2, NOW, worker())  # short: the pool waits for a wake-up or its poll
+        assert "default" in due_reads(connection.alias)
+    finally:
+        wakeup.unsubscribe("default", wake)
