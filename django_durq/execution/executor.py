@@ -363,6 +363,8 @@ class Executor:
         else:
             held = bool(self.store.retrying("complete", lambda d: d.complete([ctx.lease])))
         if not held:
+            if self.end_cancelled(job, ctx, errors):
+                return CANCELLED_OUTCOME
             logger.warning(
                 "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
                 job.id,
@@ -438,6 +440,8 @@ class Executor:
             held = self.store.retrying("retry", lambda d: d.retry_later(ctx.lease, run_at, now, text))
             outcome = RETRYING
         if not held:
+            if self.end_cancelled(job, ctx, errors):
+                return CANCELLED_OUTCOME
             logger.warning(
                 "durq: job %s (%s) failed after its lease was lost; the failure was ignored",
                 job.id,
@@ -478,6 +482,14 @@ class Executor:
                 job_dead, sender=Executor, error=failure.error, job_id=job.id, name=job.name, queue=job.queue, errors=errors
             )
         return outcome
+
+    def end_cancelled(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]] | None = None) -> bool:
+        """End cancelled a job whose outcome write found it asked to stop; False when it was not held.
+
+        The outcome writes leave such a job running (the cancel may have committed after the
+        handler's last heartbeat), so that it is recorded, logged and counted as cancelled here.
+        """
+        return self._cancel(job, ctx, error_list(job.errors) if errors is None else errors) == CANCELLED_OUTCOME
 
     def _cancel(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]]) -> str:
         errors.append(self._entry(job.attempts, Failure("cancelled", "stopped at an operator's request"), self.worker_id))
