@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
+from . import gates
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal, own_connection
 from .pooler import lends_sessions
 
@@ -110,6 +111,7 @@ RETURNING id, claim_token, stop_requested"""
 _STILL_HELD = f"SELECT id, claim_token FROM {JOB} WHERE {_HELD}"
 # For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past the bound.
 _BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+_TURN_BOUNDS = "SELECT set_config('lock_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
 
 
 class PostgreSQLDialect(Dialect):
@@ -142,6 +144,11 @@ class PostgreSQLDialect(Dialect):
         jobs = [ClaimedJob.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def bound_turns(self) -> None:
+        # For the rest of this transaction only, so that a transaction pooler's other clients keep their settings.
+        bounds = [str(gates.TURN_WAIT_S * 1000), str(gates.TURN_HOLD_S * 1000)]
+        self.fetchall(_TURN_BOUNDS, bounds)
 
     def prepare_dispatcher_connection(self) -> None:
         """Keep the claim's plan on the server, where the dispatcher's session is its own.
