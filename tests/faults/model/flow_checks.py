@@ -13,6 +13,9 @@
   burst is done may delay it (see ``_allowed``).
 - ``pause``: no job of a paused queue starts later than ``PAUSE_LATENCY_MS`` after the pause
   returned, nor is one claimed after it, until the resume is asked, jobs claimed ahead included.
+  A claim's time is the one it writes, which a limited claim caps at its worker's claim bound
+  (``AttemptBook.claim_clock``): a worker whose renewals a stall held up may write a time before
+  the resume for a claim made after it, so such a claim is judged by its start alone.
 """
 
 from __future__ import annotations
@@ -202,7 +205,9 @@ def check_pause(history: History) -> list[Violation]:
             and (
                 pause.ended_ms + PAUSE_LATENCY_MS < span.start < until
                 or (
-                    span.claim_ms is not None and pause.ended_ms + CLOCK_TOLERANCE_MS < span.claim_ms < until - CLOCK_TOLERANCE_MS
+                    span.claim_ms is not None
+                    and pause.ended_ms + CLOCK_TOLERANCE_MS < span.claim_ms < until - CLOCK_TOLERANCE_MS
+                    and not _stalled_at(history, span.pid, span.claim_ms)
                 )
             )
         ]
@@ -215,3 +220,11 @@ def check_pause(history: History) -> list[Violation]:
             )
             found.append(Violation("pause", message, [span.job_id for span in late], late))
     return found
+
+
+def _stalled_at(history: History, pid: int, at_ms: float) -> bool:
+    """Whether a stall held up the renewals of worker ``pid`` at ``at_ms``: its claim times may be capped then."""
+    return any(
+        blackout.cause == "stall" and blackout.began_ms <= at_ms <= blackout.ended_ms
+        for blackout in history.blackouts.get(pid, [])
+    )
