@@ -163,7 +163,8 @@ def check_delivery(history: History) -> list[Violation]:
 def _allowed(history: History, queue: str, ideal: float, period: int) -> float:
     """When a burst that the rate alone would let finish at ``ideal`` may rightly finish, pauses and faults counted.
 
-    Each pause of ``queue`` that begins before the burst is done delays it by its length; each
+    Each pause of ``queue`` that begins before the burst is done (or within the slack a burst may
+    take beyond that, as load may make it) delays it by its length; each
     fault that could touch the queue's claims (a worker serving it killed or stopped, a stall of
     one that holds its jobs, any stall on SQLite) by its length (a stopped or stalled worker may
     hold the queue's turn), plus a lease (the jobs it had claimed wait for their leases to expire)
@@ -173,7 +174,7 @@ def _allowed(history: History, queue: str, ideal: float, period: int) -> float:
     done = ideal
     for action in sorted(history.record.actions, key=lambda a: a.began_ms):
         kind, lasted = action.op.kind, action.op.seconds * 1000
-        if action.began_ms > done:
+        if action.began_ms > done + DELIVERY_SLACK_MS:
             break
         if kind == "pause" and action.op.target == queue:
             done += lasted
