@@ -70,6 +70,8 @@ def claim_limited(
     except DatabaseError as error:
         if not dialect.is_lock_error(error):
             raise
+        if outlook is not None:
+            outlook.opens_at_ms = now_ms  # claim again at once, not at the next poll: the turn may be free by then
         return []
     jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
     return jobs
