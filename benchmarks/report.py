@@ -440,6 +440,9 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         out += ["## Scale", "", render.scale_table(lines), ""]
     out += report_scaling.section(lines, written)
     out += report_flow.section(lines)
+    day = render.REPO / "benchmarks" / "day" / "results.md"  # the compressed day's runs, not a workload of this file
+    if day.exists():
+        out += [day.read_text().strip(), ""]
     if "profile" in present:
         out += ["## Where django-durq's worker spends a job", "", profile_section(lines)]
         findings = render.REPO / "benchmarks" / "profile-findings.md"

@@ -28,6 +28,7 @@
 | durq.W004 | the LISTEN_DATABASE connection does not hear the queue's NOTIFY (--database) |
 | durq.W006 | where workers would LISTEN goes through a transaction pooler: they poll (--database) |
 | durq.W010 | queued jobs of a type no handler in this installation serves (--database) |
+| durq.W011 | the MariaDB queue database sets an isolation level other than READ COMMITTED |
 | durq.I001 | which claimers the queue's database keeps apart (--deploy)  |
 """
 
@@ -161,6 +162,29 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             id="durq.W003",
         )
         for queue, names in sorted(unworked.items())
+    ]
+
+
+@register("django_durq")
+def check_isolation(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """MariaDB: the counts of ends that jobs wait for read what committed before each statement."""
+    alias = get_settings().database
+    if alias not in django_settings.DATABASES:
+        return []  # durq.E004
+    config = connections[alias].settings_dict
+    level = str((config.get("OPTIONS") or {}).get("isolation_level") or "read committed").lower()
+    if "mysql" not in str(config.get("ENGINE", "")) or level == "read committed":
+        return []
+    return [
+        Warning(
+            f"database {alias!r} sets the isolation level {level!r}: django-durq counts the ends of the jobs that "
+            "others wait for (workflows, after=) with reads that must see every transaction committed before them, "
+            "which READ COMMITTED gives; at another level a job can wait for an end already counted as not yet "
+            "there, and stay blocked",
+            hint=f'Remove "isolation_level" from DATABASES[{alias!r}]["OPTIONS"] (Django\'s default is READ COMMITTED),'
+            ' or set it to "read committed".',
+            id="durq.W011",
+        )
     ]
 
 

@@ -117,6 +117,9 @@ elif DB == "mysql":
     }
 else:
     raise RuntimeError(f"DURQ_TEST_DB={DB!r}: use sqlite, postgres or mysql")
+if DB == "mysql" and os.environ.get("DURQ_TEST_MYSQL_ISOLATION"):
+    # Another isolation level than Django's default (READ COMMITTED), as a site may set it.
+    DATABASES["default"]["OPTIONS"]["isolation_level"] = os.environ["DURQ_TEST_MYSQL_ISOLATION"]
 
 DURQ = {
     "QUEUES": {

@@ -140,6 +140,20 @@ def test_a_pool_too_small_for_the_worker_is_an_error(settings):
         connection.settings_dict["OPTIONS"] = options
 
 
+@pytest.mark.skipif(db_vendor() != "mysql", reason="an isolation level of the MariaDB backend")
+def test_a_mariadb_isolation_level_other_than_read_committed_is_warned_about():
+    """At REPEATABLE READ a fan-in callback can stay blocked for good (tests/enqueue/test_workflow_races.py
+    run with DURQ_TEST_MYSQL_ISOLATION="repeatable read" shows it)."""
+    assert "durq.W011" not in {message.id for message in run_checks()}
+    options = connection.settings_dict["OPTIONS"]
+    try:
+        connection.settings_dict["OPTIONS"] = {**options, "isolation_level": "repeatable read"}
+        (warning,) = [m for m in run_checks() if m.id == "durq.W011"]
+    finally:
+        connection.settings_dict["OPTIONS"] = options
+    assert "'repeatable read'" in warning.msg and "READ COMMITTED" in warning.msg and "isolation_level" in warning.hint
+
+
 def test_listen_database_defaults_to_the_queue_database():
     assert parse({"DATABASE": "queue"}).listen_database == "queue"
     assert parse({"DATABASE": "queue", "LISTEN_DATABASE": None}).listen_database is None

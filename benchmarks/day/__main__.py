@@ -3,7 +3,7 @@
 Producers queue 1–50 ms jobs at a steady ``--rate`` through ``--producers`` processes (web
 servers); ``--workers`` ``durq_worker`` processes run them, each with the default queue at
 ``--concurrency`` slots; the harness restarts every worker every ``--restart-every`` seconds,
-kills one every ``--kill-every`` seconds and restarts the database once, half-way (see
+kills one every ``--kill-every`` seconds on average and restarts the database once, half-way (see
 ``harness.py``). Then producers stop, the queue drains, and the report says what was lost, run
 twice, burned, and how long takeovers and starts took. It exits 1 when the day fails.
 """
@@ -35,7 +35,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=12, help="slots of each worker's default queue (default 12)")
     parser.add_argument("--restart-every", type=float, default=300.0, help="seconds between rolling restarts (default 300)")
-    parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between SIGKILLs (default 60)")
+    parser.add_argument(
+        "--kill-every", type=float, default=60.0, help="mean seconds between SIGKILLs, each gap 0.5 to 1.5 times it (default 60)"
+    )
     parser.add_argument("--keep-finished", type=float, default=120.0, help="KEEP_FINISHED in seconds (default 120)")
     parser.add_argument(
         "--direct-listen",
@@ -154,7 +156,10 @@ def run_phases(day: Day, seconds: float) -> None:
         day.watch_kills()
         if now >= next_kill:
             day.kill_one()
-            next_kill = now + args.kill_every
+            # On average every --kill-every seconds, never in step with the lease: with a fixed minute
+            # and a minute's lease, jobs taken over when their lease ran out are claimed again just
+            # as the next kill strikes, and the same jobs lose an attempt at each kill.
+            next_kill = now + args.kill_every * day.rng.uniform(0.5, 1.5)
         if now >= next_rolling and day.rolling is None:
             day.begin_rolling()
             next_rolling = now + args.restart_every

@@ -3,10 +3,12 @@
 | figure | how it is counted |
 |---|---|
 | jobs lost | acknowledged, and never started, or still waiting or running after the drain |
-| dead letters | acknowledged and dead: no job of the day should end so |
+| dead letters | acknowledged and dead: no job of the day should end so, unless each of its attempts ran on a |
+|  | worker that was killed (at-least-once counts an attempt lost with its worker): those are shown apart |
 | duplicates beyond the jobs in flight | jobs started under two claim tokens that were not running on a killed worker or |
 |  | at the database's restart |
 | attempts burned by deploys | attempts beyond the first of jobs that were in flight at no fault, plus dead letters |
+|  | that a kill did not end on every attempt |
 | takeover time | from a kill until no job of the killed worker is left ``running`` under its id |
 | enqueue to start | the handler's start minus the time the producer read just before its enqueue call |
 | unexpected runs | jobs started that no producer saw acknowledged: at most the jobs of failed enqueue calls, which |
@@ -79,6 +81,9 @@ def verdict(day: Day, acked: set[int], failed: tuple[int, int], drained: bool) -
     active = {pk for pk in acked if rows.get(pk, ("finished", 0))[0] in ("waiting", "running")}
     lost = sorted(pk for pk in acked if pk not in by_job or pk in active)
     dead = sorted(pk for pk in acked if rows.get(pk, ("", 0))[0] == "dead")
+    kills_of = Counter(pk for kill in day.kills for pk in kill.running)
+    # Each attempt ran on a worker killed while it ran: lost with its worker, as the promise counts it.
+    killed_each_time = [pk for pk in dead if kills_of[pk] >= rows[pk][1]]
     duplicated = [pk for pk, started in by_job.items() if len({run.token for run in started}) > 1]
     unexplained = sorted(pk for pk in duplicated if pk not in day.in_flight)
     burned_jobs = {pk: max(run.attempt for run in started) for pk, started in by_job.items() if pk not in day.in_flight}
@@ -107,7 +112,8 @@ def verdict(day: Day, acked: set[int], failed: tuple[int, int], drained: bool) -
         "in flight at faults": len(day.in_flight),
         "unexplained": unexplained,
         "unexpected": unexpected,
-        "burned": burned + len(dead),
+        "killed each attempt": killed_each_time,
+        "burned": burned + len(dead) - len(killed_each_time),
         "burned jobs": sorted(burned_jobs),
         "unknown type hand-backs": unknown,
         "kills": len(day.kills),
@@ -131,13 +137,19 @@ def print_report(day: Day, result: dict[str, Any], command: str) -> bool:
     print(f"jobs started             {result['started']}; drained: {'yes' if result['drained'] else 'NO'}")
     print(f"jobs lost                {len(result['lost'])} {result['lost'][:10]}")
     print(f"dead letters             {len(result['dead'])} {result['dead'][:10]}")
+    if result["killed each attempt"]:
+        killed = result["killed each attempt"]
+        print(f"    of which on a killed worker at every attempt: {len(killed)} {killed[:10]}")
     print(f"duplicates               {result['duplicated']}, beyond the jobs in flight at a fault: {len(result['unexplained'])}")
     print(f"jobs in flight at faults {result['in flight at faults']}")
     print(
         f"unexpected runs          {len(result['unexpected'])} (jobs of failed enqueue calls that committed before the error:"
         f" at most {result['jobs of failed calls']})"
     )
-    print(f"attempts burned          {result['burned']} (attempts beyond the first of jobs in flight at no fault, dead letters)")
+    print(
+        f"attempts burned          {result['burned']} (attempts beyond the first of jobs in flight at no fault, dead"
+        " letters not killed at every attempt)"
+    )
     if result["burned jobs"]:
         print(f"    jobs {result['burned jobs'][:20]}")
     print(f"unknown-type hand-backs  {result['unknown type hand-backs']} (attempts not counted)")

@@ -55,6 +55,8 @@ class Dialect(EndStatements):
     arguments_source = ""
     argument_column = ""
     ordinal_column = ""
+    # Put before a turn's lock (db/gates.py) where the wait for it is bounded per statement.
+    turn_wait = ""
 
     # How a settler (db/dependencies.py) locks the dependents whose edges it counts, and the edges
     # it reads once it holds them (no lock needed: only a holder of the dependent's lock changes
@@ -89,12 +91,18 @@ class Dialect(EndStatements):
 
     def lock_gate(self, queue: str, now_ms: int) -> bool:
         """Take the queue's turn for a limited claim: lock its control row, made if missing. True when paused."""
-        lock = "SELECT paused FROM durq_queue_control WHERE queue = %s FOR UPDATE"
+        lock = f"{self.turn_wait}SELECT paused FROM durq_queue_control WHERE queue = %s FOR UPDATE"
         rows = self.fetchall(lock, (queue,))
         if not rows:
             self.execute(self.insert_control, (queue, now_ms))
             rows = self.fetchall(lock, (queue,))
         return bool(rows[0][0])
+
+    def bound_turns(self) -> None:
+        """In a claim's own transaction: bound the wait for a turn and the session's silence while it holds one.
+
+        See ``gates.TURN_WAIT_S`` and ``gates.TURN_HOLD_S``; nothing by default.
+        """
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int, int]]) -> None:
         """Add (queue, minute_ms, finished, failed, dead, unknown type) to the per-minute counters."""
@@ -201,9 +209,12 @@ class Dialect(EndStatements):
         places under limits (db/places.py) are freed first, so the claim may give them on.
         ``count`` is told, in the same transaction, what was completed and claimed (db/counters.py).
         """
+        own = not self.connection.in_atomic_block
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases) | self.finish_many(kept)
             places.free(self, free_places)
+            if own and limits is not None and limit > 0:
+                self.bound_turns()  # the claim below may give up on its turns; these completions stand
             claimed = self.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook) if limit > 0 else []
             if count is not None:
                 count(self, done, claimed)

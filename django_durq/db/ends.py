@@ -17,14 +17,16 @@ class EndStatements(LeaseStatements):
         if not leases:
             return set()
         held, params = self.held_many(leases)
-        return {(row[0], row[1]) for row in self.fetchall(f"DELETE FROM {JOB} WHERE {held} RETURNING id, claim_token", params)}
+        # A job an operator asked to stop is left running for the caller to end cancelled (cancel_running).
+        sql = f"DELETE FROM {JOB} WHERE {held} AND NOT stop_requested RETURNING id, claim_token"
+        return {(row[0], row[1]) for row in self.fetchall(sql, params)}
 
     def finished_leases(self, leases: Sequence[Lease]) -> set[Lease]:
-        """Which of these leases ended as finished jobs (kept) under their own token (cancelled: asked to stop)."""
+        """Which of these leases ended as finished jobs (kept) under their own token."""
         if not leases:
             return set()
         fence, params = _fence(leases)
-        rows = self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE status IN ('finished', 'cancelled') AND {fence}", params)
+        rows = self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE status = 'finished' AND {fence}", params)
         return {(row[0], row[1]) for row in rows}
 
     def existing_ids(self, ids: Sequence[int]) -> set[int]:
@@ -48,11 +50,11 @@ class EndStatements(LeaseStatements):
         if results:
             result_sql = f"CASE id {' '.join(['WHEN %s THEN %s'] * len(results))} ELSE NULL END"
             params.extend(value for pair in results for value in pair)
-        # A job an operator asked to stop ends cancelled, even when its handler returned before a
-        # heartbeat told it: the statement reads the request itself, as retry_later does.
+        # A job an operator asked to stop, even one whose handler returned before a heartbeat told
+        # it, is left running for the caller to end cancelled (cancel_running), and to say so.
         updated = self.execute(
-            f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'finished' END,"
-            f" lease_expires_ms = NULL, finished_ms = CASE id {finished_at} END, result = {result_sql} WHERE {held}",
+            f"UPDATE {JOB} SET status = 'finished', lease_expires_ms = NULL, finished_ms = CASE id {finished_at} END,"
+            f" result = {result_sql} WHERE {held} AND NOT stop_requested",
             params + held_params,
         )
         if updated == len(kept):
@@ -60,29 +62,28 @@ class EndStatements(LeaseStatements):
         return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     def retry_later(self, lease: Lease, run_at_ms: int, now_ms: int, errors: str) -> bool:
-        """Put a failed job back to wait for its next attempt — or end it cancelled if an operator asked.
+        """Put a failed job back to wait for its next attempt; False if no longer held or asked to stop.
 
         The stop request is read by this statement itself, so a cancel that arrives while the
-        attempt fails is never lost to the retry.
+        attempt fails is never lost to the retry: the caller ends that job cancelled (cancel_running).
         """
         fence, params = _fence([lease])
         return (
             self.execute(
-                f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'waiting' END,"
-                " finished_ms = CASE WHEN stop_requested THEN %s ELSE NULL END,"
-                f" run_at_ms = %s, lease_expires_ms = NULL, errors = %s WHERE status = 'running' AND {fence}",
-                [now_ms, run_at_ms, errors, *params],
+                f"UPDATE {JOB} SET status = 'waiting', finished_ms = NULL, run_at_ms = %s, lease_expires_ms = NULL,"
+                f" errors = %s WHERE status = 'running' AND NOT stop_requested AND {fence}",
+                [run_at_ms, errors, *params],
             )
             == 1
         )
 
     def bury(self, lease: Lease, now_ms: int, errors: str) -> bool:
-        """Make the job a dead letter, keeping its whole error history."""
+        """Make the job a dead letter, keeping its whole error history; False if no longer held or asked to stop."""
         fence, params = _fence([lease])
         return (
             self.execute(
                 f"UPDATE {JOB} SET status = 'dead', finished_ms = %s, lease_expires_ms = NULL, errors = %s"
-                f" WHERE status = 'running' AND {fence}",
+                f" WHERE status = 'running' AND NOT stop_requested AND {fence}",
                 [now_ms, errors, *params],
             )
             == 1

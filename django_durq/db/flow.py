@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from ..conf import hooks
 from . import gates, places
@@ -59,27 +59,54 @@ def claim_limited(
     """
     if outlook is not None:
         outlook.opens_at_ms = None
-    with transaction.atomic(using=dialect.connection.alias):
-        if gates.take_queue_turn(dialect, queue, now_ms):
-            return []  # paused
-        gates.take_keys_turn(dialect, now_ms)
-        if clock is not None:
-            now_ms = max(now_ms, clock.now_ms())
-        admission = Admission(dialect, queue, now_ms, limits)
-        accepted = admission.admit(limit)
-        if outlook is not None and len(accepted) < limit:
-            outlook.opens_at_ms = admission.opens_at()
-        if not accepted:
-            return []
-        hooks.jitter("admit")  # a claimer stalled between counting and claiming still holds its turns
-        # Claimed only under the key it was counted with: a debounce may have replaced it since the read.
-        jobs = dialect.claim_ids([(candidate.id, candidate.key) for candidate in accepted], now_ms, worker_id)
-        counted = {candidate.id: candidate for candidate in accepted}
-        for job in jobs:
-            job.placed = places.needs_place(counted[job.id].key, limits.max_running)
-        places.take(dialect, worker_id, now_ms, [(job.id, job.claim_token) for job in jobs if job.placed])
-        admission.record_starts([counted[job.id] for job in jobs])
+    own = not dialect.connection.in_atomic_block
+    try:
+        # Nested in a transaction that records completions, this is a savepoint: a turn not had in
+        # time gives up the claim alone (db/gates.py).
+        with transaction.atomic(using=dialect.connection.alias):
+            if own:
+                dialect.bound_turns()
+            jobs = _claim_in_turn(dialect, queue, limit, now_ms, worker_id, limits, clock, outlook)
+    except DatabaseError as error:
+        if not dialect.is_lock_error(error):
+            raise
+        if outlook is not None:
+            outlook.opens_at_ms = now_ms  # claim again at once, not at the next poll: the turn may be free by then
+        return []
     jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
+    return jobs
+
+
+def _claim_in_turn(
+    dialect: Dialect,
+    queue: str,
+    limit: int,
+    now_ms: int,
+    worker_id: str,
+    limits: QueueLimits,
+    clock: Clock | None,
+    outlook: Outlook | None,
+) -> list[ClaimedJob]:
+    if gates.take_queue_turn(dialect, queue, now_ms):
+        return []  # paused
+    gates.take_keys_turn(dialect, now_ms)
+    hooks.reach("in_turn", 0)  # a claimer frozen while it holds its turns
+    if clock is not None:
+        now_ms = max(now_ms, clock.now_ms())
+    admission = Admission(dialect, queue, now_ms, limits)
+    accepted = admission.admit(limit)
+    if outlook is not None and len(accepted) < limit:
+        outlook.opens_at_ms = admission.opens_at()
+    if not accepted:
+        return []
+    hooks.jitter("admit")  # a claimer stalled between counting and claiming still holds its turns
+    # Claimed only under the key it was counted with: a debounce may have replaced it since the read.
+    jobs = dialect.claim_ids([(candidate.id, candidate.key) for candidate in accepted], now_ms, worker_id)
+    counted = {candidate.id: candidate for candidate in accepted}
+    for job in jobs:
+        job.placed = places.needs_place(counted[job.id].key, limits.max_running)
+    places.take(dialect, worker_id, now_ms, [(job.id, job.claim_token) for job in jobs if job.placed])
+    admission.record_starts([counted[job.id] for job in jobs])
     return jobs
 
 

@@ -11,6 +11,12 @@ scope at once would both see its last free place. So each takes turns on what it
 
 The queue's turn is always taken first, then the keys' turn, so no two claimers wait on each
 other. Where writers are serialized (SQLite), the first write of the transaction is the turn.
+
+A claimer frozen while it holds a turn (``SIGSTOP``, a paused container, a stalled host) must
+not stop the others for as long as it stays frozen. On PostgreSQL and MariaDB a claim waits at
+most ``TURN_WAIT_S`` for a turn and then gives up the claim, not the completions committed in
+the same transaction (``flow.claim_limited``); and the server ends a claimer's session once it
+has been silent for ``TURN_HOLD_S`` inside its claim, which frees the turns it held.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ CONTROL = "durq_queue_control"
 # The control row whose lock is the turn of every claimer counting limit keys. Queue names
 # cannot contain ":", so no queue has this row.
 KEYS_GATE = ":keys"
+# How long a claim waits for a turn before it claims nothing this time (MariaDB counts whole seconds).
+TURN_WAIT_S = 1
+# How long a claimer's session may stay silent inside its claim's transaction before the server ends it.
+TURN_HOLD_S = 10
 
 
 def take_queue_turn(dialect: Dialect, queue: str, now_ms: int) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import transaction
 
+from . import gates
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal
 
 _COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
@@ -141,6 +142,11 @@ class MySQLDialect(Dialect):
     ordinal_column = "jt.n"
     claim_index_hint = "FORCE INDEX (durq_job_claim)"
     insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
+    turn_wait = f"SET STATEMENT innodb_lock_wait_timeout = {gates.TURN_WAIT_S} FOR "
+
+    def prepare_dispatcher_connection(self) -> None:
+        """A dispatcher frozen inside its claim (db/gates.py) loses its session, and its turns, after ``TURN_HOLD_S``."""
+        self.execute(f"SET SESSION idle_transaction_timeout = {gates.TURN_HOLD_S}")
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to ``limit`` due or expired jobs of ``queue``; the expired pick as ``EXPIRED_LOOK_MS`` says.

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
+from . import gates
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal, own_connection
 from .pooler import lends_sessions
 
@@ -106,10 +107,10 @@ _HELD = (
 # A batch of finished jobs kept (``finish_many``): one text for every batch size, the finish times
 # and results as arrays beside the ids, so neither the driver nor the server parses and plans it
 # anew per batch, as a ``CASE id WHEN … `` list of the batch's length made them do. A job an operator
-# asked to stop ends cancelled, as in the shared statement.
+# asked to stop is left running for the caller to end cancelled, as in the shared statement.
 _FINISH = (
-    f"UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'finished' END, lease_expires_ms = NULL,"
-    " finished_ms = (%s::bigint[])[array_position(%s::bigint[], id)], result = {result} WHERE {held}"
+    f"UPDATE {JOB} SET status = 'finished', lease_expires_ms = NULL,"
+    " finished_ms = (%s::bigint[])[array_position(%s::bigint[], id)], result = {result} WHERE {held} AND NOT stop_requested"
 )
 _FINISH_NO_RESULT = _FINISH.format(result="NULL", held=_HELD)
 _FINISH_RESULTS = _FINISH.format(result="(%s::text[])[array_position(%s::bigint[], id)]", held=_HELD)
@@ -121,6 +122,7 @@ RETURNING id, claim_token, stop_requested"""
 _STILL_HELD = f"SELECT id, claim_token FROM {JOB} WHERE {_HELD}"
 # For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past the bound.
 _BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+_TURN_BOUNDS = "SELECT set_config('lock_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
 
 
 class PostgreSQLDialect(Dialect):
@@ -153,6 +155,11 @@ class PostgreSQLDialect(Dialect):
         jobs = [ClaimedJob.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def bound_turns(self) -> None:
+        # For the rest of this transaction only, so that a transaction pooler's other clients keep their settings.
+        bounds = [str(gates.TURN_WAIT_S * 1000), str(gates.TURN_HOLD_S * 1000)]
+        self.fetchall(_TURN_BOUNDS, bounds)
 
     def prepare_dispatcher_connection(self) -> None:
         """Keep the claim's plan on the server, where the dispatcher's session is its own.

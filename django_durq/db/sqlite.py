@@ -70,12 +70,13 @@ _HELD = (
 
 # A batch of finished jobs kept (``finish_many``): one text for every batch size, each job's
 # (id, token, finished at, result) an element of one JSON array, joined by rowid. A job an operator
-# asked to stop ends cancelled, as in the shared statement.
-_FINISH = f"""UPDATE {JOB} SET status = CASE WHEN stop_requested THEN 'cancelled' ELSE 'finished' END,
+# asked to stop is left running for the caller to end cancelled, as in the shared statement.
+_FINISH = f"""UPDATE {JOB} SET status = 'finished',
     lease_expires_ms = NULL, finished_ms = done.finished_ms, result = done.result
 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
         json_extract(value, '$[2]') AS finished_ms, json_extract(value, '$[3]') AS result FROM json_each(%s)) AS done
-WHERE {JOB}.id = done.id AND {JOB}.claim_token = done.token AND {JOB}.status = 'running'"""
+WHERE {JOB}.id = done.id AND {JOB}.claim_token = done.token AND {JOB}.status = 'running'
+    AND NOT {JOB}.stop_requested"""
 
 
 class SQLiteDialect(Dialect):

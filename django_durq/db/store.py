@@ -112,11 +112,14 @@ def _connection_lost(error: DatabaseError) -> bool:
     Behind PgBouncer in transaction mode, a server connection that dies inside a transaction
     leaves its FATAL message waiting for the client, which reads it with its next command's reply:
     psycopg then raises an InternalError with no SQLSTATE ("received 2 results from command
-    'COMMIT'"), whatever the transaction's fate. A database error raised by SQL has a SQLSTATE.
+    'COMMIT'"), whatever the transaction's fate. A database error raised by SQL has a SQLSTATE,
+    but PostgreSQL also ends a session silent inside a transaction for longer than
+    ``idle_in_transaction_session_timeout`` with an InternalError (25P03): a claimer frozen in its
+    turn (db/gates.py) finds its connection gone.
     """
     if isinstance(error, OperationalError | InterfaceError):
         return True
-    return isinstance(error, InternalError) and getattr(error.__cause__, "sqlstate", "") is None
+    return isinstance(error, InternalError) and getattr(error.__cause__, "sqlstate", "") in (None, "25P03")
 
 
 def _drop_connection(connection: object) -> None:

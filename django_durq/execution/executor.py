@@ -206,6 +206,8 @@ class Executor(Recording):
         else:
             held = bool(self.store.retrying("complete", lambda d: counters.counted(d, done, lambda: d.complete([ctx.lease]))))
         if not held:
+            if self.end_cancelled(job, ctx, errors):
+                return CANCELLED_OUTCOME
             logger.warning(
                 "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
                 job.id,
@@ -235,6 +237,14 @@ class Executor(Recording):
             ]
             self.emit_many(job_finished, Executor, announcements)
 
+    def end_cancelled(self, job: ClaimedJob, ctx: JobContext, errors: list[dict[str, Any]] | None = None) -> bool:
+        """End cancelled a job whose outcome write found it asked to stop; False when it was not held.
+
+        The outcome writes leave such a job running (the cancel may have committed after the
+        handler's last heartbeat), so that it is recorded, logged and counted as cancelled here.
+        """
+        return self._cancel(job, ctx, error_list(job.errors) if errors is None else errors) == CANCELLED_OUTCOME
+
     def _fail(
         self,
         job: ClaimedJob,
@@ -260,13 +270,15 @@ class Executor(Recording):
             else:
                 backoff = (definition.backoff if definition is not None else None) or self.settings.backoff
                 run_at = now + backoff.delay_ms(job.attempts)
-            # The update itself turns the job cancelled if an operator asked meanwhile.
+            # The update itself leaves the job running if an operator asked it to stop meanwhile.
             rows = counters.ended(job, counters.FAILED, counters.RETRIED, run_ms=ran_ms)
             held = self.store.retrying(
                 "retry", lambda d: counters.counted(d, rows, lambda: d.retry_later(ctx.lease, run_at, now, text))
             )
             outcome = RETRYING
         if not held:
+            if self.end_cancelled(job, ctx, errors):
+                return CANCELLED_OUTCOME
             logger.warning(
                 "durq: job %s (%s) failed after its lease was lost; the failure was ignored",
                 job.id,

@@ -129,7 +129,7 @@ class PoolCompletions:
             self.executor.settle_ends([a.job for a in completions if a.lease in done])
             self.executor.finished_many([(a.job, a.ctx, a.result) for a in completions if a.lease in done])
             for attempt in completions:
-                if attempt.lease not in done:
+                if attempt.lease not in done and not self.executor.end_cancelled(attempt.job, attempt.ctx):
                     logger.warning(
                         "durq: job %s (%s) finished after its lease was lost; the completion was ignored",
                         attempt.job.id,

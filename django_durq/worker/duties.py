@@ -243,6 +243,10 @@ class WorkflowRetention:
 
     Nor an end not counted yet: a workflow whose job a later one waits for (``after=``) stays until
     that end is counted (the settle sweep, within a second), so deleting its edges loses no count.
+
+    Each run looks at the next ``batch_size`` workflows after the last one it looked at, and starts
+    over from the oldest once it reaches the newest: workflows it must keep (in flight, or kept for
+    good) never fill every batch, so every ended workflow is reached within a pass over them all.
     """
 
     name = "workflow-retention"
@@ -251,11 +255,19 @@ class WorkflowRetention:
     def __init__(self, settings: DurqSettings) -> None:
         self.settings = settings
         self.every_ms = prune_every_ms(settings.keep_finished_ms, settings.keep_dead_ms)
+        self.after_id = 0  # the last workflow the previous run looked at
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         alias = self.settings.database
         deleted = 0
-        for workflow_id in Workflow.objects.using(alias).order_by("id").values_list("id", flat=True)[: self.batch_size]:
+        batch = list(
+            Workflow.objects.using(alias)
+            .filter(id__gt=self.after_id)
+            .order_by("id")
+            .values_list("id", flat=True)[: self.batch_size]
+        )
+        self.after_id = batch[-1] if len(batch) == self.batch_size else 0
+        for workflow_id in batch:
             with transaction.atomic(using=alias):
                 jobs = Job.objects.using(alias).select_for_update().filter(workflow_id=workflow_id)
                 if jobs.filter(status__in=ACTIVE_STATUSES).exists():

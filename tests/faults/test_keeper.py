@@ -245,3 +245,26 @@ def test_the_mariadb_clock_is_read_in_utc_whatever_the_session_time_zone():
         assert database_now_ms(connection) == FALL_BACK_MS
     finally:
         connection.close()
+
+
+@pytest.mark.processes
+@one_leg
+def test_the_keeper_renews_again_after_a_renewal_that_timed_out(faults):
+    """The renewal that gave up on its bound (a lock or statement timeout) leaves no broken connection behind.
+
+    The next renewals get through on the keeper's connection (reopened if the error closed it):
+    the lease moves on past the lock, claims resume and the job ends under its first claim.
+    """
+    running = jobs.lease_watch.enqueue(seconds=10.0)
+    worker = faults.spawn_ready("--queue", "default:2")
+    wait_until(lambda: status(running.pk) == "running", 30, "the job to start")
+    with writes_locked_out():
+        wait_until(lambda: "could not renew" in worker.output(), LEASE_S, "the held-up renewal to give up")
+    released = now_ms()
+    wait_until(
+        lambda: (row(running.pk).lease_expires_ms or 0) > released + LEASE_S * 1000, 3, "a renewal after the timed-out one"
+    )
+    later = jobs.stamp.enqueue(tag="later")
+    wait_until(lambda: Effect.objects.filter(job_id=later.pk).exists(), 10, "claims to resume")
+    wait_until(lambda: Effect.objects.filter(job_id=running.pk).exists(), 30, "the job to finish")
+    assert row(running.pk).claim_token == 1, worker.output()

@@ -211,6 +211,15 @@ def stop_aware(ctx, seconds=30.0, marker_dir=""):
     record(ctx, "stop_aware")
 
 
+@job(name="tests.cancels_itself")
+def cancels_itself(ctx, tag="cancelled-while-running"):
+    """Asks for its own cancel, as an operator would while it runs, and returns before any heartbeat."""
+    from django_durq.ops.acting import cancel
+
+    cancel([ctx.job_id])
+    record(ctx, tag)
+
+
 @job(name="tests.stubborn")
 def stubborn(ctx, seconds=30.0):
     """First claim: sleeps through any stop request. Later claims finish at once."""

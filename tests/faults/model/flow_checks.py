@@ -13,6 +13,9 @@
   burst is done may delay it (see ``_allowed``).
 - ``pause``: no job of a paused queue starts later than ``PAUSE_LATENCY_MS`` after the pause
   returned, nor is one claimed after it, until the resume is asked, jobs claimed ahead included.
+  A claim's time is the one it writes, which a limited claim caps at its worker's claim bound
+  (``AttemptBook.claim_clock``): a worker whose renewals a stall held up may write a time before
+  the resume for a claim made after it, so such a claim is judged by its start alone.
 """
 
 from __future__ import annotations
@@ -160,7 +163,8 @@ def check_delivery(history: History) -> list[Violation]:
 def _allowed(history: History, queue: str, ideal: float, period: int) -> float:
     """When a burst that the rate alone would let finish at ``ideal`` may rightly finish, pauses and faults counted.
 
-    Each pause of ``queue`` that begins before the burst is done delays it by its length; each
+    Each pause of ``queue`` that begins before the burst is done (or within the slack a burst may
+    take beyond that, as load may make it) delays it by its length; each
     fault that could touch the queue's claims (a worker serving it killed or stopped, a stall of
     one that holds its jobs, any stall on SQLite) by its length (a stopped or stalled worker may
     hold the queue's turn), plus a lease (the jobs it had claimed wait for their leases to expire)
@@ -170,7 +174,7 @@ def _allowed(history: History, queue: str, ideal: float, period: int) -> float:
     done = ideal
     for action in sorted(history.record.actions, key=lambda a: a.began_ms):
         kind, lasted = action.op.kind, action.op.seconds * 1000
-        if action.began_ms > done:
+        if action.began_ms > done + DELIVERY_SLACK_MS:
             break
         if kind == "pause" and action.op.target == queue:
             done += lasted
@@ -202,7 +206,9 @@ def check_pause(history: History) -> list[Violation]:
             and (
                 pause.ended_ms + PAUSE_LATENCY_MS < span.start < until
                 or (
-                    span.claim_ms is not None and pause.ended_ms + CLOCK_TOLERANCE_MS < span.claim_ms < until - CLOCK_TOLERANCE_MS
+                    span.claim_ms is not None
+                    and pause.ended_ms + CLOCK_TOLERANCE_MS < span.claim_ms < until - CLOCK_TOLERANCE_MS
+                    and not _stalled_at(history, span.pid, span.claim_ms)
                 )
             )
         ]
@@ -215,3 +221,11 @@ def check_pause(history: History) -> list[Violation]:
             )
             found.append(Violation("pause", message, [span.job_id for span in late], late))
     return found
+
+
+def _stalled_at(history: History, pid: int, at_ms: float) -> bool:
+    """Whether a stall held up the renewals of worker ``pid`` at ``at_ms``: its claim times may be capped then."""
+    return any(
+        blackout.cause == "stall" and blackout.began_ms <= at_ms <= blackout.ended_ms
+        for blackout in history.blackouts.get(pid, [])
+    )
