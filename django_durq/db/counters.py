@@ -141,16 +141,19 @@ def counted(dialect: Dialect, rows: Sequence[Row] | Callable[[T], Sequence[Row]]
     return done
 
 
-def claimed(dialect: Dialect, now_ms: int, claim: Callable[[], list[ClaimedJob]]) -> list[ClaimedJob]:
+def claimed(dialect: Dialect, now_ms: int, claim: Callable[[], list[ClaimedJob]], *, limited: bool = False) -> list[ClaimedJob]:
     """Claim and count what was claimed, in one transaction.
 
     On PostgreSQL a claim that is its own transaction does not wait for the WAL flush unless
     ``DURQ["DURABLE_CLAIMS"]`` (see the dialect's claim): with its count, nor does this one. A
     server crash before the flush undoes the claim and its count together.
     """
-    unflushed = dialect.connection.vendor == "postgresql" and not dialect.connection.in_atomic_block
+    own = not dialect.connection.in_atomic_block
     with transaction.atomic(using=dialect.connection.alias):
-        if unflushed and not get_settings().durable_claims:
+        if own and limited:
+            # The claim's own transaction: its turns are bounded as when it commits alone (db/flow.py).
+            dialect.bound_turns()
+        if own and dialect.connection.vendor == "postgresql" and not get_settings().durable_claims:
             dialect.execute("SELECT set_config('synchronous_commit', 'off', true)")
         jobs = claim()
         add(dialect, started(jobs, now_ms))

@@ -88,9 +88,12 @@ class Store:
         """Claim up to ``limit`` due jobs; ``limits`` (a pool whose queue has any) claims limited jobs too."""
         hooks.jitter("claim")
         hooks.reach("in_claim", 0)  # a claim of a pool holding no completions, before its statement
+        limited = limits is not None
         return self.retrying(
             "claim",
-            lambda d: counters.claimed(d, now_ms, lambda: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook)),
+            lambda d: counters.claimed(
+                d, now_ms, lambda: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook), limited=limited
+            ),
         )
 
     def due_times(self, queue: str) -> tuple[int | None, int | None, int | None]:

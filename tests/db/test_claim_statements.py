@@ -45,9 +45,9 @@ def worker() -> str:
 
 @pytest.mark.skipif(db_vendor() == "mysql", reason="SQLite's and PostgreSQL's kept completion")
 def test_a_kept_batch_is_one_statement_text_whatever_its_size():
-    jobs.noop.enqueue_many([{"n": n} for n in range(5)])
+    jobs.noop.enqueue_many([{"n": n} for n in range(6)])
     dialect = dialect_for(connection)
-    claimed = dialect.claim("default", 5, NOW, worker())
+    claimed = dialect.claim("default", 6, NOW, worker())
     leases = [(job.id, job.claim_token) for job in claimed]
     sent = Sent()
     with connection.execute_wrapper(sent):
@@ -55,16 +55,20 @@ def test_a_kept_batch_is_one_statement_text_whatever_its_size():
         assert dialect.finish_many([(lease, NOW + 2, None) for lease in leases[1:4]]) == set(leases[1:4])
     updates = sent.starting("UPDATE")
     assert len(updates) == 2 and updates[0] == updates[1]
-    # Results ride the same way: one text for a batch of one and of two, the right result on each row.
-    Job.objects.filter(pk=leases[4][0]).update(stop_requested=True)  # an operator asked it to stop
-    assert dialect.finish_many([(leases[4], NOW + 3, '"stopped"')]) == {leases[4]}
+    # Results ride the same way, the right result on each row.
+    assert dialect.finish_many([(leases[4], NOW + 3, '"done"')]) == {leases[4]}
+    # A job an operator asked to stop is left running, for the caller to end cancelled and say so.
+    Job.objects.filter(pk=leases[5][0]).update(stop_requested=True)
+    assert dialect.finish_many([(leases[5], NOW + 4, '"stopped"')]) == set()
     rows = {row.pk: row for row in Job.objects.all()}
     assert [(rows[job_id].status, rows[job_id].finished_ms) for job_id, _ in leases] == [
         (Status.FINISHED, NOW + 1),
         *[(Status.FINISHED, NOW + 2)] * 3,
-        (Status.CANCELLED, NOW + 3),
+        (Status.FINISHED, NOW + 3),
+        (Status.RUNNING, None),
     ]
-    assert rows[leases[4][0]].result == '"stopped"' and rows[leases[0][0]].result is None
+    assert rows[leases[4][0]].result == '"done"' and rows[leases[0][0]].result is None
+    assert rows[leases[5][0]].result is None
 
 
 @mariadb_only
