@@ -210,3 +210,14 @@ def database_alias(alias: str, settings_dict: dict[str, Any]) -> Iterator[None]:
         connections[alias].close()
         del connections[alias]
         del connections.settings[alias]
+
+
+@pytest.fixture(autouse=True)
+def fresh_claim_memory() -> Iterator[None]:
+    """Each test starts with no memory of earlier claims: MariaDB's claims remember, per process,
+    when each (queue, worker) last looked for expired leases, and tests reuse worker names and
+    clock times, so a memory left by one test would skip the look in the next."""
+    from django_durq.db import mysql
+
+    mysql._claims.__init__()  # type: ignore[misc]
+    yield

@@ -8,7 +8,7 @@ both hold the one maintenance lock, and a prepared claim would be missing on the
 connection. Nothing in ``DATABASES`` says whether a host and port lead to a pooler, so the worker
 asks the server instead, once per process (``lends_sessions``).
 
-The probe opens two client connections and reads ``pg_backend_pid()`` in six transactions, in the
+The probe opens two client connections and reads ``pg_backend_pid()`` in rounds of six transactions, in the
 order A, A, B, B, A, B. Straight to the server each client connection is one backend for its whole
 life, and two are two: every read on A gives one pid, every read on B another. Through a
 transaction pooler the backend goes with the transaction: PgBouncer lends the server connection
@@ -28,8 +28,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import own_connection
 
-# The clients of the probe's transactions, in order (see the module's docstring).
-PROBE_ORDER = "AABBAB"
+# The clients of the probe's transactions, in order (see the module's docstring), eight times over:
+# through a pooler, workers probing at the same moment can take the server connections between
+# one client's transactions so that one short round looks direct; straight to the server every
+# round gives the same answer, so repeating can only find a pooler that one round missed.
+PROBE_ORDER = "AABBAB" * 8
 
 # Verdicts measured in this process, by where the alias leads: a worker probes once, at start.
 _verdicts: dict[tuple[Any, ...], bool] = {}
@@ -49,7 +52,7 @@ def _backend_pid(raw: Any) -> int:
 def lends_sessions(wrapper: BaseDatabaseWrapper) -> bool:
     """True when ``wrapper``'s connections reach a transaction pooler, which lends server sessions to other clients.
 
-    Measured once per process and database (two connections, six one-statement transactions);
+    Measured once per process and database (two connections, 48 one-statement transactions);
     raises what connecting raises.
     """
     target = _target(wrapper)
