@@ -45,7 +45,10 @@ def _target(wrapper: BaseDatabaseWrapper) -> tuple[Any, ...]:
 
 def _backend_pid(raw: Any) -> int:
     cursor = raw.cursor()
-    cursor.execute("SELECT pg_backend_pid()")
+    # Never prepared: psycopg prepares a statement from its sixth run on one client connection,
+    # under a name that every client uses alike, and through a pooler the two clients' statements
+    # land on one server session, where the second ``PREPARE`` of that name fails.
+    cursor.execute("SELECT pg_backend_pid()", prepare=False)
     return int(cursor.fetchone()[0])
 
 
