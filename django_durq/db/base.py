@@ -25,6 +25,7 @@ from .flow import Outlook, claim_limited
 from .rows import CLAIM_COLUMNS as CLAIM_COLUMNS
 from .rows import JOB as JOB
 from .rows import NOT_PAUSED as NOT_PAUSED
+from .rows import ClaimCount as ClaimCount
 from .rows import ClaimedJob as ClaimedJob
 from .rows import Lease as Lease
 from .rows import Renewal as Renewal
@@ -57,6 +58,8 @@ class Dialect(EndStatements):
     ordinal_column = ""
     # Put before a turn's lock (db/gates.py) where the wait for it is bounded per statement.
     turn_wait = ""
+    # A claim of its own adds its counts in its own statement (``claim_counted``), not in a second one.
+    claims_counted = False
 
     # How a settler (db/dependencies.py) locks the dependents whose edges it counts, and the edges
     # it reads once it holds them (no lock needed: only a holder of the dependent's lock changes
@@ -75,6 +78,13 @@ class Dialect(EndStatements):
     # --- what differs per database -------------------------------------------------------
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
+        raise NotImplementedError
+
+    def claim_counted(self, queue: str, limit: int, now_ms: int, worker_id: str, count: ClaimCount) -> list[ClaimedJob]:
+        """``claim`` as a transaction of its own that also adds ``count`` for what it claimed.
+
+        Where ``claims_counted``: the dialect claims and counts in one statement, one round trip.
+        """
         raise NotImplementedError
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:

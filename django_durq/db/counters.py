@@ -32,7 +32,7 @@ from django.db import connections, transaction
 from ..clock import now_ms as wall_now_ms
 from ..conf import get_settings
 from . import dialect_for
-from .base import ClaimedJob, Dialect, Lease
+from .base import ClaimCount, ClaimedJob, Dialect, Lease
 
 T = TypeVar("T")
 
@@ -77,6 +77,8 @@ def writer() -> str:
 _BOUNDS = [f"{bound:g}" for bound in BUCKETS_S] + [INF]
 _LE = {histogram: [f"{histogram}_le:{bound}" for bound in _BOUNDS] for histogram in HISTOGRAMS}
 _SUM = {histogram: f"{histogram}_sum_ms" for histogram in HISTOGRAMS}
+# The bounds in whole ms, as a claim that counts in SQL compares them (``claim_count``).
+_WAIT_BOUNDS_MS = tuple(round(bound * 1000) for bound in BUCKETS_S)
 
 
 def bucket(seconds: float) -> str:
@@ -141,23 +143,46 @@ def counted(dialect: Dialect, rows: Sequence[Row] | Callable[[T], Sequence[Row]]
     return done
 
 
-def claimed(dialect: Dialect, now_ms: int, claim: Callable[[], list[ClaimedJob]], *, limited: bool = False) -> list[ClaimedJob]:
+def claimed(
+    dialect: Dialect,
+    now_ms: int,
+    claim: Callable[[], list[ClaimedJob]],
+    claim_counted: Callable[[ClaimCount], list[ClaimedJob]],
+    *,
+    limited: bool = False,
+) -> list[ClaimedJob]:
     """Claim and count what was claimed, in one transaction.
 
-    On PostgreSQL a claim that is its own transaction does not wait for the WAL flush unless
-    ``DURQ["DURABLE_CLAIMS"]`` (see the dialect's claim): with its count, nor does this one. A
-    server crash before the flush undoes the claim and its count together.
+    ``claim_counted`` is the dialect's claim that counts in its own statement
+    (``Dialect.claims_counted``): the claim that is its own transaction and not limited takes it,
+    so claim and count cost one round trip. On PostgreSQL a claim that is its own transaction does
+    not wait for the WAL flush unless ``DURQ["DURABLE_CLAIMS"]``; a server crash before the flush
+    undoes the claim and its count together.
     """
     own = not dialect.connection.in_atomic_block
+    if own and not limited and dialect.claims_counted:
+        return claim_counted(claim_count(now_ms))
     with transaction.atomic(using=dialect.connection.alias):
         if own and limited:
             # The claim's own transaction: its turns are bounded as when it commits alone (db/flow.py).
             dialect.bound_turns()
         if own and dialect.connection.vendor == "postgresql" and not get_settings().durable_claims:
-            dialect.execute("SELECT set_config('synchronous_commit', 'off', true)")
+            dialect.execute("SELECT set_config('synchronous_commit', 'off', true)")  # as in claim_counted
         jobs = claim()
         add(dialect, started(jobs, now_ms))
     return jobs
+
+
+def claim_count(now_ms: int) -> ClaimCount:
+    """What a claim at ``now_ms`` adds for this thread, as ``started`` counts it."""
+    return ClaimCount(
+        writer=writer(),
+        updated_ms=wall_now_ms(),
+        started=STARTED,
+        wait_sum=_SUM[WAIT],
+        wait_buckets=tuple(_LE[WAIT]),
+        wait_bounds_ms=_WAIT_BOUNDS_MS,
+    )
 
 
 def completed(

@@ -19,7 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
 from . import gates
-from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal, own_connection
+from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimCount, ClaimedJob, Dialect, Lease, Renewal, own_connection
 from .pooler import lends_sessions
 
 # What a claim writes: its parameters are the worker, then the claim time twice.
@@ -38,7 +38,7 @@ _RETURNING = "RETURNING " + ", ".join("job." + column for column in CLAIM_COLUMN
 # planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
 # "id = ANY(ARRAY(...))" makes the update primary-key lookups whatever the table statistics say
 # (a join may hash a sequential scan of the whole table).
-_CLAIM = f"""
+_PICKED = f"""
 WITH expired AS (
     SELECT id, priority, run_at_ms FROM {JOB}
     WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
@@ -52,17 +52,41 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT %s
-)
-{_TAKE}WHERE job.id = ANY(ARRAY(SELECT id FROM picked))
+)"""
+_TAKE_PICKED = f"{_TAKE}WHERE job.id = ANY(ARRAY(SELECT id FROM picked))"
+_CLAIM = f"{_PICKED}\n{_TAKE_PICKED}\n{_RETURNING}"
+
+# A claim that is a transaction of its own counts what it claims in the same statement, a
+# data-modifying CTE into its writer's rows of ``durq_counter`` (db/counters.py): claim and count
+# commit together in one round trip. Its parameters after the claim's: the claim time, then the
+# writer, the update time, the names of the started count and the wait's sum, the wait's bucket
+# names and their bounds in ms. An observation goes in the first bucket whose bound is not below
+# it: ``width_bucket`` counts the bounds at or below its operand, and times are whole ms.
+_CLAIM_COUNTED = f"""{_PICKED}, taken AS (
+{_TAKE_PICKED}
 {_RETURNING}
+), waited AS (
+    SELECT queue, name, GREATEST(%s - run_at_ms, 0) AS wait_ms FROM taken
+), counted AS (
+    INSERT INTO durq_counter AS counter (writer, queue, job_name, metric, value, updated_ms)
+    SELECT %s, queue, name, metric, SUM(amount)::bigint, %s
+    FROM waited CROSS JOIN LATERAL (VALUES
+        (%s::varchar, 1::bigint),
+        (%s::varchar, wait_ms),
+        ((%s::varchar[])[width_bucket(wait_ms - 1, %s::bigint[]) + 1], 1::bigint)
+    ) AS counts(metric, amount)
+    GROUP BY queue, name, metric
+    ON CONFLICT (writer, queue, job_name, metric)
+    DO UPDATE SET value = counter.value + excluded.value, updated_ms = excluded.updated_ms
+)
+SELECT * FROM taken
 """
 
-# The same claim, for a claim that is a transaction of its own: it commits without waiting for
-# the server to flush its WAL record (``synchronous_commit`` off for this transaction only, set in
-# a one-time filter so that claim and setting are one statement). See ``claim``.
-_CLAIM_UNFLUSHED = _CLAIM.replace(
-    "WHERE job.id = ANY(ARRAY(SELECT id FROM picked))",
-    "WHERE job.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'",
+# The same, committing without waiting for the server to flush its WAL record
+# (``synchronous_commit`` off for this transaction only, set in a one-time filter so that claim,
+# count and setting are one statement). See ``claim_counted``.
+_CLAIM_COUNTED_UNFLUSHED = _CLAIM_COUNTED.replace(
+    _TAKE_PICKED, _TAKE_PICKED + " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
 )
 
 # A limited claim's update of the jobs it admitted (db/flow.py). A row another transaction holds
@@ -78,11 +102,18 @@ _CLAIM_IDS = f"""
 """
 
 # The claims a dispatcher on a session of its own prepares, by name (see ``prepare_dispatcher_connection``).
-_PREPARED_CLAIMS = {"durq_claim": _CLAIM, "durq_claim_unflushed": _CLAIM_UNFLUSHED}
-# The types of ``claim``'s parameters, declared: inferred from ``%s + job.lease_ms`` a time would be an integer.
+_PREPARED_CLAIMS = {
+    "durq_claim": _CLAIM,
+    "durq_claim_counted": _CLAIM_COUNTED,
+    "durq_claim_counted_unflushed": _CLAIM_COUNTED_UNFLUSHED,
+}
+# The types of their parameters, declared: inferred from ``%s + job.lease_ms`` a time would be an integer.
 _CLAIM_TYPES = "varchar, bigint, varchar, bigint, varchar, bigint, varchar, bigint, bigint, varchar, bigint, bigint"
+_COUNT_TYPES = "bigint, varchar, bigint, varchar, varchar, varchar[], bigint[]"
+_TYPES = {"durq_claim": _CLAIM_TYPES, "durq_claim_counted": f"{_CLAIM_TYPES}, {_COUNT_TYPES}"}
+_TYPES["durq_claim_counted_unflushed"] = _TYPES["durq_claim_counted"]
 # How the dispatcher runs each, written once: the claim is the hot path.
-_EXECUTE_CLAIM = {name: f"EXECUTE {name}({', '.join(['%s'] * (_CLAIM_TYPES.count(',') + 1))})" for name in _PREPARED_CLAIMS}
+_EXECUTE_CLAIM = {name: f"EXECUTE {name}({', '.join(['%s'] * (types.count(',') + 1))})" for name, types in _TYPES.items()}
 # The driver connections whose session has them prepared.
 _PREPARED_ON: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -131,27 +162,40 @@ class PostgreSQLDialect(Dialect):
     exclusivity = "any number of hosts"
     supports_notify = True
     partial_indexes = True
+    claims_counted = True
     arguments_source = "unnest(%s::text[]) WITH ORDINALITY AS t(a, n)"
     argument_column = "a"
     ordinal_column = "n"
 
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due or expired jobs of ``queue``.
-
-        A claim that is its own transaction does not wait for the WAL flush (unless
-        ``DURQ["DURABLE_CLAIMS"]``): the flush is most of the time from enqueue to start. Should the
-        server crash before the WAL writer flushes it (within a fraction of a second), the claim is
-        undone: the job is waiting again, its attempt not counted, and a worker that already started
-        it finds its completion fenced, so it runs again. A claim made together with completions
-        commits with them, flushed.
-        """
+        """Claim up to ``limit`` due or expired jobs of ``queue``, within the caller's transaction."""
         params = (queue, now_ms, queue, limit, queue, now_ms, queue, limit, limit, worker_id, now_ms, now_ms)
-        unflushed = not self.connection.in_atomic_block and not get_settings().durable_claims
+        return self._claimed("durq_claim", _CLAIM, params)
+
+    def claim_counted(self, queue: str, limit: int, now_ms: int, worker_id: str, count: ClaimCount) -> list[ClaimedJob]:
+        """Claim as ``claim`` does, and count it, in one statement that is its own transaction.
+
+        It commits without waiting for the WAL flush (unless ``DURQ["DURABLE_CLAIMS"]``): the flush
+        is most of the time from enqueue to start. Should the server crash before the WAL writer
+        flushes it (within a fraction of a second), the claim and its count are undone: the job is
+        waiting again, its attempt not counted, and a worker that already started it finds its
+        completion fenced, so it runs again. A claim made together with completions commits
+        with them, flushed.
+        """
+        params: list[Any] = [queue, now_ms, queue, limit, queue, now_ms, queue, limit, limit, worker_id, now_ms, now_ms]
+        params += [now_ms, count.writer, count.updated_ms, count.started, count.wait_sum]
+        params += [list(count.wait_buckets), list(count.wait_bounds_ms)]
+        if get_settings().durable_claims:
+            return self._claimed("durq_claim_counted", _CLAIM_COUNTED, params)
+        return self._claimed("durq_claim_counted_unflushed", _CLAIM_COUNTED_UNFLUSHED, params)
+
+    def _claimed(self, name: str, sql: str, params: Sequence[Any]) -> list[ClaimedJob]:
+        """Run a claim: ``EXECUTE name`` where this session prepared it, else its text."""
         raw = self.connection.connection
         if raw is not None and raw in _PREPARED_ON:
-            rows = self.fetchall(_EXECUTE_CLAIM["durq_claim_unflushed" if unflushed else "durq_claim"], params)
+            rows = self.fetchall(_EXECUTE_CLAIM[name], params)
         else:
-            rows = self.fetchall(_CLAIM_UNFLUSHED if unflushed else _CLAIM, params)
+            rows = self.fetchall(sql, params)
         jobs = [ClaimedJob.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
@@ -188,7 +232,7 @@ class PostgreSQLDialect(Dialect):
         present = {row[0] for row in self.fetchall("SELECT name FROM pg_prepared_statements WHERE name LIKE 'durq%%'")}
         for name, sql in _PREPARED_CLAIMS.items():
             if name not in present:  # else prepared by an earlier call on this session
-                self.execute(f"PREPARE {name}({_CLAIM_TYPES}) AS {_numbered(sql)}")
+                self.execute(f"PREPARE {name}({_TYPES[name]}) AS {_numbered(sql)}")
         _PREPARED_ON.add(raw)
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:

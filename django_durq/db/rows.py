@@ -70,6 +70,24 @@ class ClaimedJob:
 Lease = tuple[int, int]  # (job id, claim token)
 
 
+@dataclass(frozen=True)
+class ClaimCount:
+    """What a claim that counts itself (``Dialect.claim_counted``) adds to its writer's counters.
+
+    The names and bounds come from db/counters.py: one ``started`` per job claimed, and the time
+    from due to claim (``now_ms - run_at_ms``, never below 0) as a histogram, its sum in ``wait_sum``
+    and each observation in the first of ``wait_buckets`` whose bound in ``wait_bounds_ms`` is not
+    below it (the last bucket has no bound).
+    """
+
+    writer: str
+    updated_ms: int
+    started: str
+    wait_sum: str
+    wait_buckets: tuple[str, ...]
+    wait_bounds_ms: tuple[int, ...]
+
+
 @dataclass
 class Renewal:
     """What one renewal of a batch of leases found.

@@ -92,7 +92,11 @@ class Store:
         return self.retrying(
             "claim",
             lambda d: counters.claimed(
-                d, now_ms, lambda: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook), limited=limited
+                d,
+                now_ms,
+                lambda: d.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook),
+                lambda count: d.claim_counted(queue, limit, now_ms, worker_id, count),
+                limited=limited,
             ),
         )
 

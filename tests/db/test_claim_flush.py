@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from django_durq.clock import now_ms
-from django_durq.db import dialect_for
+from django_durq.db import counters, dialect_for
 from django_durq.models import Job
 from tests.conftest import db_vendor
 from tests.ledger import jobs
@@ -34,15 +34,19 @@ def claim_path(request):
 
 
 def claim_alone_and_read_the_setting() -> tuple[int, str]:
-    """Claim as a lone claim inside a transaction the server holds open; (jobs claimed, its synchronous_commit)."""
+    """Claim as an idle dispatcher's lone claim, inside a transaction the server holds open.
+
+    Returns the jobs claimed and the transaction's ``synchronous_commit``.
+    """
 
     def begin_first(execute, sql, params, many, context):
         if sql.lstrip().startswith(("WITH expired", "EXECUTE durq_claim")):
             context["cursor"].execute("BEGIN")
         return execute(sql, params, many, context)
 
+    now = now_ms()
     with connection.execute_wrapper(begin_first):
-        claimed = dialect_for(connection).claim("default", 5, now_ms(), "test:1:claimer")
+        claimed = dialect_for(connection).claim_counted("default", 5, now, "test:1:claimer", counters.claim_count(now))
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('synchronous_commit')")
         setting = cursor.fetchone()[0]

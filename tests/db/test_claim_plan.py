@@ -21,6 +21,7 @@ from django.test import override_settings
 
 from django_durq.clock import now_ms
 from django_durq.db import dialect_for
+from django_durq.db.store import Store
 from django_durq.models import Job
 from tests.conftest import db_vendor
 from tests.ledger import jobs
@@ -61,7 +62,8 @@ def prepared_claims() -> dict[str, tuple[int, int]]:
 
 
 def claim(limit: int) -> list[int]:
-    return [job.id for job in dialect_for(connection).claim("default", limit, now_ms(), "test:1:claimer")]
+    """An idle dispatcher's claim: its own transaction, counted in its statement."""
+    return [job.id for job in Store("default").claim("default", limit, now_ms(), "test:1:claimer")]
 
 
 def test_the_dispatchers_session_claims_through_a_generic_plan_it_prepared_once():
@@ -70,14 +72,14 @@ def test_the_dispatchers_session_claims_through_a_generic_plan_it_prepared_once(
     later = jobs.effect.using(run_in=timedelta(hours=1)).enqueue(tag="later")
     dialect_for(connection).prepare_dispatcher_connection()
     dialect_for(connection).prepare_dispatcher_connection()  # again on the same session: nothing to redo
-    assert set(prepared_claims()) == {"durq_claim", "durq_claim_unflushed"}
+    assert set(prepared_claims()) == {"durq_claim", "durq_claim_counted", "durq_claim_counted_unflushed"}
     assert claim(5) == [high.pk, low.pk]  # priority first; a job not yet due is left
     assert claim(5) == []
     row = Job.objects.get(pk=high.pk)
     assert (row.status, row.attempts, row.claimed_by) == ("running", 1, "test:1:claimer")
     assert row.lease_expires_ms == row.started_ms + row.lease_ms  # a time in ms: a bigint, not an integer
     assert Job.objects.get(pk=later.pk).status == "waiting"
-    generic, custom = prepared_claims()["durq_claim_unflushed"]
+    generic, custom = prepared_claims()["durq_claim_counted_unflushed"]
     assert (generic, custom) == (2, 0)
 
 
@@ -88,7 +90,7 @@ def test_a_new_session_claims_by_text_until_it_is_prepared_again():
     assert claim(1) == [job.pk]
     assert prepared_claims() == {}
     dialect_for(connection).prepare_dispatcher_connection()
-    assert set(prepared_claims()) == {"durq_claim", "durq_claim_unflushed"}
+    assert set(prepared_claims()) == {"durq_claim", "durq_claim_counted", "durq_claim_counted_unflushed"}
 
 
 @pytest.mark.parametrize("listen", [None, "elsewhere"])
