@@ -209,6 +209,11 @@ class WorkerProcess(models.Model):
     holds_lock = models.BooleanField(
         default=False, help_text="Its process holds a presence lock (a file's, a database session's); else it writes heartbeats."
     )
+    beat_ms = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Holding no lock, it writes last_seen_ms this often (ms); silent far longer, it is gone.",
+    )
 
     class Meta:
         db_table = "durq_worker"

@@ -27,6 +27,7 @@ from django.db.models import Q
 from ..db import presence
 from ..db.presence import Liveness
 from ..models import DutyLease, WorkerProcess
+from . import row_presence
 from .held_places import free_ended_places
 from .takeover import Takeover
 
@@ -78,8 +79,12 @@ class StaleWorkers:
     worker. The running jobs of an ended worker are taken over (``takeover.py``) within a pass
     of its end; a worker that started after the last read of the rows is seen at the next one.
 
-    A worker that holds no lock is gone once it has missed ten heartbeats (killed, host lost);
-    its jobs come back through their leases, as a silent worker may still be renewing them.
+    A worker that holds no lock writes its row every few seconds instead (``row_presence.py``):
+    silent for ``GONE_S``, its running jobs are taken over, once this leader's own passes (and its
+    own row's beats, where it holds no lock either) have gone on unbroken that long, so that after
+    an outage every worker has had the time to write its row again. A row that does not say how
+    often it is written (an older worker) leaves the worker's jobs to their leases. Either way the
+    row goes once it has missed ten heartbeats.
 
     After a database restart every worker's session ends: the leader, whose session ended too,
     waits until the others have had time to take their locks again (``_reconnecting``), so it
@@ -93,26 +98,28 @@ class StaleWorkers:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.takeover = Takeover(runtime)
-        # The workers this leader knows: worker id -> (last_seen_ms as read, holds_lock).
-        self._roster: dict[str, tuple[int, bool]] = {}
+        # The workers this leader knows: worker id -> (last_seen_ms as read, holds_lock, beat_ms).
+        self._roster: dict[str, tuple[int, bool, int | None]] = {}
         self._roster_read_ms: int | None = None
         self._last_run_ms = 0
+        self._passes_since = time.monotonic()  # since when this leader's passes have followed each other
 
     def run_once(self, now_ms: int) -> dict[str, int]:
         alias = self.runtime.settings.database
         # After a gap (this worker has just started to lead) the rows are read again at once.
-        fresh = (
-            self._roster_read_ms is None
-            or now_ms - self._roster_read_ms >= self.ROSTER_EVERY_MS
-            or now_ms - self._last_run_ms > 2 * INTERVAL_MS
-        )
+        gap = now_ms - self._last_run_ms > 2 * INTERVAL_MS
+        if gap:
+            self._passes_since = time.monotonic()
+        fresh = self._roster_read_ms is None or now_ms - self._roster_read_ms >= self.ROSTER_EVERY_MS or gap
         self._last_run_ms = now_ms
         workers = WorkerProcess.objects.using(alias)
         if fresh:
             # Read first: on SQLite even a DELETE that matches nothing takes the write lock.
             self._roster = {
-                worker_id: (seen_ms, holds_lock)
-                for worker_id, seen_ms, holds_lock in workers.values_list("worker_id", "last_seen_ms", "holds_lock")
+                worker_id: (seen_ms, holds_lock, beat_ms)
+                for worker_id, seen_ms, holds_lock, beat_ms in workers.values_list(
+                    "worker_id", "last_seen_ms", "holds_lock", "beat_ms"
+                )
             }
             self._roster_read_ms = now_ms
         watched = {worker_id: row[1] for worker_id, row in self._roster.items() if worker_id != self.runtime.worker_id}
@@ -123,30 +130,54 @@ class StaleWorkers:
         ended = sorted(worker_id for worker_id, state in states.items() if state is Liveness.RELEASED)
         if ended and self._reconnecting():
             return {"removed": 0, "taken_over": 0, "ended": 0}  # judged again once the others had time to reconnect
-        counts = self.takeover.take_over(ended, watched, now_ms) if ended else {"taken_over": 0, "ended": 0}
+        beating = [
+            worker_id
+            for worker_id, state in states.items()
+            if state is Liveness.UNKNOWN and worker_id in self._roster and self._roster[worker_id][2] is not None
+        ]
+        silent = row_presence.silent(alias, beating, now_ms) if beating and self._judges_rows() else set()
+        orphaned = sorted({*ended, *silent})
+        counts = self.takeover.take_over(orphaned, watched, now_ms) if orphaned else {"taken_over": 0, "ended": 0}
         horizon = now_ms - 10 * self.runtime.settings.heartbeat_interval_ms
         gone: list[Q] = []
         for worker_id in ended:
             if worker_id in self._roster:
                 # Only if its row is still as read: a worker that took its lock again writes its row anew.
                 gone.append(Q(worker_id=worker_id, last_seen_ms=self._roster[worker_id][0]))
-        silent = [
+        # A row that beats goes only with the takeover of its jobs (``silent``), never before it.
+        long_silent = [
             worker_id
             for worker_id, state in states.items()
-            if fresh and state is Liveness.UNKNOWN and worker_id in self._roster and self._roster[worker_id][0] < horizon
+            if fresh
+            and state is Liveness.UNKNOWN
+            and worker_id in self._roster
+            and self._roster[worker_id][0] < horizon
+            and (self._roster[worker_id][2] is None or worker_id in silent)
         ]
         # Only if it is still silent: its worker may have just beaten.
-        gone.extend(Q(worker_id=worker_id, last_seen_ms__lt=horizon) for worker_id in silent)
+        gone.extend(Q(worker_id=worker_id, last_seen_ms__lt=horizon) for worker_id in long_silent)
         deleted = 0
         if gone:
             deleted, _ = workers.filter(functools.reduce(operator.or_, gone)).delete()
-        for worker_id in [*ended, *silent]:
+        for worker_id in [*ended, *long_silent]:
             self._roster.pop(worker_id, None)
         if fresh or ended:
             presence.sweep(alias)  # after the rows: a released lock file is what marks a row as ended
         if fresh or deleted:
             free_ended_places(alias)  # the places under limits of workers whose rows are gone
         return {"removed": deleted, **counts}
+
+    def _judges_rows(self) -> bool:
+        """Whether this leader may judge a worker gone by its row's silence (``row_presence.py``).
+
+        Only once its own passes, and its own row's beats where it has them, have gone on without a
+        break for ``GONE_S``: after an outage (or a stall of this leader) every row is old, and each
+        worker must first have had the time to write its row again.
+        """
+        if time.monotonic() - self._passes_since < row_presence.GONE_S:
+            return False
+        beat = self.runtime.beat
+        return beat is None or beat.unbroken_for() >= row_presence.GONE_S
 
     def _reconnecting(self) -> bool:
         """True for ``RECONNECT_S`` after this leader's own presence session was opened again.

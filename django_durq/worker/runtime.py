@@ -17,6 +17,7 @@ from ..execution.outcomes import DEAD, FINISHED, RETRYING, UNKNOWN_TYPE
 from . import exit_status
 from .attempt import AttemptBook
 from .events import Events
+from .row_presence import RowBeat
 
 # Database connections a worker process holds besides one per slot and one per queue's dispatcher:
 # the monitor, the lease keeper, the maintenance runner and the events thread (once a signal
@@ -58,6 +59,8 @@ class Runtime:
         self.worker_id = worker_id or new_worker_id()
         # Set while a lock vouches that the process is alive (a file's, a session's): see presence.py.
         self.presence: WorkerPresence | None = None
+        # Where none does: its row, written every few seconds (row_presence.py).
+        self.beat: RowBeat | None = None
         self.burst = burst
         self.max_jobs = max_jobs
         # The longest an idle pool sleeps before it looks for due jobs; see ``hears_wakeups``.
@@ -115,12 +118,17 @@ class Runtime:
         return self.stop_reason
 
     def presence_held_since(self) -> float | None:
-        """Since when this process's presence lock has been held without a break (0.0 where it holds none)."""
-        return self.presence.held_since() if self.presence is not None else 0.0
+        """Since when this process's presence (its lock, or else its row's beats) has held without a break.
+
+        0.0 where it has neither: nothing but the jobs' leases vouches for it.
+        """
+        if self.presence is not None:
+            return self.presence.held_since()
+        return self.beat.held_since() if self.beat is not None else 0.0
 
     def presence_held(self) -> bool:
-        """False while the presence lock may be gone: other workers may then take this one's jobs over."""
-        return self.presence is None or self.presence.held_since() is not None
+        """False while the presence may be gone: other workers may then take this one's jobs over."""
+        return self.presence_held_since() is not None
 
     def stop_on_signal(self, reason: str) -> None:
         """``request_stop()`` for a signal handler, which takes no lock the main thread may hold.

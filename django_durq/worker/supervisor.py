@@ -33,6 +33,7 @@ from .main_bell import MainBell
 from .maintenance import MaintenanceRunner
 from .monitor import Monitor
 from .pool import Pool
+from .row_presence import BEAT_MS, RowBeat
 from .runtime import Runtime
 from .watcher import Watcher
 
@@ -121,6 +122,11 @@ class Supervisor:
             # The lock is held before the row exists, so a row with a released lock is a dead worker's.
             runtime.presence = presence.announce(alias, runtime.worker_id, session_alias)
             self._register()
+            if runtime.presence is None:  # no lock vouches for this worker: its row does, written every few seconds
+                runtime.beat = RowBeat(
+                    alias, runtime.worker_id, runtime.clock, lambda now: self._write_row(now, runtime.jobs_done)
+                )
+                runtime.beat.start()
         except Exception:
             if not runtime.stop_claiming.is_set():
                 raise
@@ -161,6 +167,8 @@ class Supervisor:
             self.monitor.flush(runtime.clock.now_ms())
             runtime.events.stop()
             self.watcher.stop()
+            if runtime.beat is not None:
+                runtime.beat.stop()  # before the row goes: a beat that found no row would write it anew
             self._unregister()
             if runtime.presence is not None:
                 runtime.presence.withdraw()
@@ -283,6 +291,7 @@ class Supervisor:
                 "last_seen_ms": now,
                 "jobs_done": jobs_done,
                 "holds_lock": self.runtime.presence is not None,
+                "beat_ms": BEAT_MS if self.runtime.presence is None else None,
             },
         )
         self._started_ms = self._started_ms or now

@@ -34,6 +34,7 @@ from ..db.takeover import Orphan, lock_orphans, running_of, take_over
 from ..execution.executor import Executor
 from ..execution.outcomes import DEAD, RETRYING, jobs_log
 from ..signals import job_dead
+from . import row_presence
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -43,8 +44,10 @@ logger = logging.getLogger("django_durq")
 WORKER_LOST = "worker_lost"  # the kind of the failed attempt in the job's history
 
 
-def lost_message(vendor: str) -> str:
-    """The recorded reason: what the released lock says about the worker."""
+def lost_message(vendor: str, by_row: bool = False) -> str:
+    """The recorded reason: what the released lock, or the silent row, says about the worker."""
+    if by_row:
+        return f"worker lost: it holds no presence lock and its row went unwritten for {row_presence.GONE_S:g} s"
     if vendor == "sqlite":
         return "worker lost: its process ended (its lock file was released)"
     return "worker lost: its process or its database session ended (its presence lock was released)"
@@ -72,15 +75,18 @@ class Takeover:
         self, dialect: Dialect, leases: list[tuple[int, int]], holds_lock: dict[str, bool], now_ms: int
     ) -> list[tuple[Orphan, list[dict[str, object]]]]:
         alias = self.runtime.settings.database
-        message = lost_message(dialect.vendor)
         done = []
         with transaction.atomic(using=alias):
             orphans = lock_orphans(dialect, leases)
-            # Looked at again under the row locks: a worker that holds its lock again keeps its jobs.
+            # Looked at again under the row locks: a worker that holds its lock again, or whose row
+            # was written meanwhile, keeps its jobs.
             states = presence.states(alias, {orphan.worker: holds_lock.get(orphan.worker, True) for orphan in orphans})
+            released = {worker for worker, state in states.items() if state is Liveness.RELEASED}
+            silent = row_presence.silent(alias, [worker for worker, state in states.items() if state is Liveness.UNKNOWN], now_ms)
             for orphan in orphans:
-                if states[orphan.worker] is not Liveness.RELEASED:
+                if orphan.worker not in released and orphan.worker not in silent:
                     continue
+                message = lost_message(dialect.vendor, by_row=orphan.worker in silent)
                 errors = json.loads(orphan.errors or "[]")
                 errors.append(
                     {

@@ -8,10 +8,8 @@ tests/settings.py); ``LISTEN`` goes to the ``direct`` alias, which reaches Postg
 
 from __future__ import annotations
 
-import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from django.db import connection, connections
@@ -23,44 +21,13 @@ from tests.conftest import WorkerProcess, db_vendor, run_command, wait_until
 from tests.ledger import jobs
 from tests.ledger.checker import check
 from tests.ledger.models import Effect
-from tests.pgbouncer import Bouncer, Missing, transaction_pooler
+from tests.pgbouncer import Bouncer, transaction_pooler
 
 pytestmark = [
     pytest.mark.skipif(db_vendor() != "postgres", reason="PgBouncer pools PostgreSQL connections"),
     pytest.mark.django_db(transaction=True),
     pytest.mark.processes,
 ]
-
-POOLED = "pooled"  # this test process's connection through PgBouncer
-
-
-@pytest.fixture(scope="module")
-def bouncer() -> Iterator[Bouncer]:
-    try:
-        with transaction_pooler() as running:
-            yield running
-    except Missing as missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{missing}; with CI=true this test must run")
-        pytest.skip(str(missing))
-
-
-@pytest.fixture
-def pooled(bouncer: Bouncer, settings) -> Iterator[str]:
-    """This process enqueues through PgBouncer: DURQ["DATABASE"] is a connection to the test database behind it.
-
-    The connection is this thread's own, not in DATABASES: Django's test case lets a test use
-    such a connection, and creates no test database for it.
-    """
-    behind = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": str(bouncer.port)}
-    behind.update(OPTIONS={"application_name": "durq-tests"}, DISABLE_SERVER_SIDE_CURSORS=True)
-    connections[POOLED] = load_backend(behind["ENGINE"]).DatabaseWrapper(behind, POOLED)
-    settings.DURQ = {**settings.DURQ, "DATABASE": POOLED}
-    try:
-        yield POOLED
-    finally:
-        connections[POOLED].close()
-        del connections[POOLED]
 
 
 def _through(bouncer: Bouncer, listen: str | None, poll: float) -> dict[str, str]:
