@@ -58,7 +58,10 @@ def effect_fast(ctx, tag=""):
 
 
 @job(name="tests.slow", queue="slow")
-def slow(ctx, seconds=5.0, tag="slow"):
+def slow(ctx, seconds=5.0, tag="slow", began=""):
+    """Sleeps through any stop request; with ``began``, creates that file once the handler is running."""
+    if began:
+        open(began, "w").close()
     time.sleep(seconds)
     record(ctx, tag)
 

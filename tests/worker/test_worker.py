@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from django_durq.models import Job, Status, WorkerProcess
+from django_durq.worker import exit_status
 from tests.conftest import db_vendor, run_command, wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Effect
@@ -246,14 +247,17 @@ def test_sigterm_releases_jobs_that_outlive_the_grace(spawn_worker, tmp_path):
     successor.wait(timeout=20)
 
 
-def test_second_sigint_exits_at_once(spawn_worker):
-    jobs.slow.using(queue="default").enqueue(seconds=30)
+def test_second_sigint_exits_at_once(spawn_worker, tmp_path):
+    began = tmp_path / "began"
+    jobs.slow.using(queue="default").enqueue(seconds=30, began=str(began))
     worker = spawn_worker("--queue", "default:1", "--grace", "30")
-    wait_until(lambda: Job.objects.running().exists(), 30, "the job to start")
+    # The handler itself must be running: a job claimed but not yet started is handed back at the
+    # first SIGINT, and the worker then stops cleanly (0) before the second one arrives.
+    wait_until(began.exists, 30, "the handler to start")
     worker.signal(signal.SIGINT)
     time.sleep(0.3)
     worker.signal(signal.SIGINT)
-    assert worker.wait(timeout=5) != 0
+    assert worker.wait(timeout=5) == exit_status.ABORTED, worker.output()
     row = Job.objects.get()
     assert row.status == Status.RUNNING and row.lease_expires_ms is not None  # left to expire
 
