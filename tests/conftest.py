@@ -62,14 +62,17 @@ def db_vendor() -> str:
 
 
 # Which tests run on which CI leg. SQLite runs on three legs (Python 3.11, 3.12, 3.13) and
-# PostgreSQL on two: tests marked ``one_leg`` (the fault catalogue and a few process-heavy tests)
-# run on the newest-Python leg only, so each database runs them once per CI run, and the older legs
-# prove the package, its API and a real worker on the older supported versions.
+# PostgreSQL on two: tests marked ``one_leg`` (the fault catalogue and a few process-heavy tests),
+# and every other test that starts real worker processes (``processes``) apart from the worker's
+# own lifecycle (``OLDER_LEG_WORKER_TESTS``: start, signals, exit statuses), run on the
+# newest-Python leg only, so each database runs them once per CI run, and the older legs prove
+# the package, its API and a real worker on the older supported versions.
 # ``DURQ_TEST_FAULTS=all`` runs them on any interpreter. Tests marked ``heavy`` run only with
 # ``DURQ_TEST_HEAVY=1`` (``benchmarks/soak.py --tests``).
 HEAVY = os.environ.get("DURQ_TEST_HEAVY") == "1"
 EVERY_LEG = HEAVY or os.environ.get("DURQ_TEST_FAULTS") == "all"
 OLDER_LEG = sys.version_info < (3, 13) and db_vendor() in ("sqlite", "postgres")
+OLDER_LEG_WORKER_TESTS = ("tests/worker/test_worker.py", "tests/worker/test_exit.py")
 
 # The PgBouncer leg (tox env py313-dj61-pgbouncer): every worker the tests start reaches the queue
 # through a PgBouncer in transaction mode, with DURQ["LISTEN_DATABASE"] not set, as a site with one
@@ -87,12 +90,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "heavy" in item.keywords and not HEAVY:
             item.add_marker(heavy)
-        elif "one_leg" in item.keywords and OLDER_LEG and not EVERY_LEG:
+        elif OLDER_LEG and not EVERY_LEG and _newest_leg_only(item):
             item.add_marker(newest)
         elif "own_sessions" in item.keywords and THROUGH_PGBOUNCER:
             item.add_marker(pooled)
         elif THROUGH_PGBOUNCER and "worker_env" not in getattr(item, "fixturenames", ()):
             item.add_marker(direct)
+
+
+def _newest_leg_only(item: pytest.Item) -> bool:
+    if "one_leg" in item.keywords:
+        return True
+    return "processes" in item.keywords and not item.nodeid.startswith(OLDER_LEG_WORKER_TESTS)
 
 
 class WorkerProcess:
