@@ -54,6 +54,10 @@ WITHDRAW_S = 5.0
 # A session not heard from for this long may be ended by the server before the thread can tell:
 # the worker's handlers are then told to stop (``held_since``), 2.5 s before the server could.
 SILENT_S = SESSION_IDLE_S - 2.5
+# A worker that holds no lock writes its row every few seconds instead (worker/row_presence.py)
+# and is judged by the session's bounds: silent SILENT_S, it tells its handlers to stop; silent
+# ROW_GONE_MS, it is gone and its running jobs are taken over.
+ROW_GONE_MS = SESSION_IDLE_S * 1000
 # The longest the session's thread waits between two tries to connect again: after a database
 # restart every worker holds its lock again within this (and a connect) of the server's return.
 RECONNECT_S = 6.0

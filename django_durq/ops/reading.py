@@ -91,7 +91,9 @@ def live_workers(*, now_ms: int | None = None, using: str | None = None) -> list
     """Workers alive now: holding their presence lock, or else heartbeating recently.
 
     A worker whose lock is held is alive however long ago it last wrote (an idle worker writes
-    nothing), so it is reported as seen now; one whose lock is released has ended.
+    nothing), so it is reported as seen now; one whose lock is released has ended. One whose row
+    beats (``beat_ms``, behind a transaction pooler) has ended once silent for
+    ``presence.ROW_GONE_MS``, when the leader takes its jobs over.
     """
     alias = alias_of(using)
     now = now_or(now_ms)
@@ -103,7 +105,8 @@ def live_workers(*, now_ms: int | None = None, using: str | None = None) -> list
         state = held[worker.worker_id]
         if state is Liveness.HELD:
             worker.last_seen_ms = now
-        if state is Liveness.HELD or (state is Liveness.UNKNOWN and worker.last_seen_ms >= horizon):
+        seen_since = horizon if worker.beat_ms is None else now - presence.ROW_GONE_MS
+        if state is Liveness.HELD or (state is Liveness.UNKNOWN and worker.last_seen_ms >= seen_since):
             alive.append(worker)
     return alive
 

@@ -120,3 +120,17 @@ def test_the_beat_tells_handlers_to_stop_once_silent_and_from_when_it_holds_agai
 
     WorkerProcess.objects.filter(pk=worker_id).delete()  # judged gone and removed during a stall
     assert beat.beat() and rewritten == [NOW + 5_000]  # the row is written anew
+
+
+def test_a_worker_whose_row_went_silent_is_no_longer_live_and_its_job_shows_orphaned():
+    """The operator sees what the leader judges: silent past the bound, the worker is gone."""
+    from django_durq import ops
+    from django_durq.admin.states import StateReader
+
+    quiet = beating_worker("quiet:1:ffffff", silent_ms=row_presence.GONE_MS + 1_000)
+    fresh = beating_worker("fresh:1:ffffff", silent_ms=1_000)
+    older = beating_worker("older:1:ffffff", silent_ms=row_presence.GONE_MS + 1_000, beat_ms=None)  # judged by heartbeats
+    assert {worker.worker_id for worker in ops.live_workers(now_ms=NOW)} == {fresh, older}
+    job = running_of(quiet)
+    shown = StateReader([job], now_ms=NOW).of(job)
+    assert shown.key == "orphaned" and f"{quiet} was last seen" in shown.reason, shown
