@@ -15,7 +15,10 @@
   returned, nor is one claimed after it, until the resume is asked, jobs claimed ahead included.
   A claim's time is the one it writes, which a limited claim caps at its worker's claim bound
   (``AttemptBook.claim_clock``): a worker whose renewals a stall held up may write a time before
-  the resume for a claim made after it, so such a claim is judged by its start alone.
+  the resume for a claim made after it, so such a claim is judged by its start alone. A worker
+  stopped (``SIGSTOP``) in the middle of a limited claim writes the bound it read before the stop,
+  though its claim's statements ran after it resumed: a time written inside a stop counts as
+  the stop's end, the earliest the claim can have been made.
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ def check_pause(history: History) -> list[Violation]:
                 pause.ended_ms + PAUSE_LATENCY_MS < span.start < until
                 or (
                     span.claim_ms is not None
-                    and pause.ended_ms + CLOCK_TOLERANCE_MS < span.claim_ms < until - CLOCK_TOLERANCE_MS
+                    and pause.ended_ms + CLOCK_TOLERANCE_MS < _claimed_at(history, span) < until - CLOCK_TOLERANCE_MS
                     and not _stalled_at(history, span.pid, span.claim_ms)
                 )
             )
@@ -229,3 +232,12 @@ def _stalled_at(history: History, pid: int, at_ms: float) -> bool:
         blackout.cause == "stall" and blackout.began_ms <= at_ms <= blackout.ended_ms
         for blackout in history.blackouts.get(pid, [])
     )
+
+
+def _claimed_at(history: History, span: SpanRow) -> float:
+    """The earliest moment ``span``'s claim can have been made: a stopped process makes none."""
+    claimed = float(span.claim_ms or 0)
+    for blackout in history.blackouts.get(span.pid, []):
+        if blackout.cause == "stop" and blackout.began_ms <= claimed <= blackout.ended_ms:
+            return blackout.ended_ms
+    return claimed
