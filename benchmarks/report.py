@@ -341,13 +341,33 @@ def _bars(axis: Any, found: list[tuple[Line, list[Line]]], metric: str) -> None:
 
 
 def _machine(lines: list[Line]) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[float]]:
-    machine = next((line["metrics"] for line in reversed(lines) if line["workload"] == "machine"), {})
+    newest = max((line for line in lines if line["workload"] == "machine"), key=lambda line: line["run_id"], default=None)
+    machine = newest["metrics"] if newest else {}
     versions: dict[str, dict[str, str]] = {}
     for line in lines:
         if line.get("versions"):
             versions[line["label"]] = line["versions"]
     loads = [line["loadavg_before"][0] for line in lines if line.get("loadavg_before") and line["workload"] != "machine"]
     return machine, versions, loads
+
+
+def _machines(lines: list[Line]) -> list[str]:
+    """A line per machine the runs measured on, naming its runs: tables of several runs may mix machines."""
+    runs_by_machine: dict[str, list[str]] = {}
+    for line in sorted(lines, key=lambda line: line["run_id"]):
+        if line["workload"] != "machine":
+            continue
+        m = line["metrics"]
+        name = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('memory_gb', '?')} GB; kernel {m.get('kernel', '?')}"
+        runs_by_machine.setdefault(name, []).append(line["run_id"])
+    measured = sorted({line["run_id"] for line in lines if line["workload"] != "machine"})
+    unrecorded = [run for run in measured if not any(run in runs for runs in runs_by_machine.values())]
+    if len(runs_by_machine) == 1 and not unrecorded:
+        return [f"- CPU: {name}" for name in runs_by_machine]
+    out = [f"- CPU: {name} (run{'s' if len(runs) > 1 else ''} {', '.join(runs)})" for name, runs in runs_by_machine.items()]
+    if unrecorded:
+        out.append(f"- machine not recorded for run{'s' if len(unrecorded) > 1 else ''} {', '.join(unrecorded)}")
+    return out
 
 
 def _commands(lines: list[Line]) -> dict[str, str]:
@@ -382,8 +402,7 @@ def write(lines: list[Line], source: Path, doc: Path, img: Path) -> None:
         "",
         "## Machine and versions",
         "",
-        f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, {machine.get('memory_gb', '?')} GB; "
-        f"kernel {machine.get('kernel', '?')}",
+        *_machines(lines),
         f"- run(s): {', '.join(run_ids)}; django-durq at {machine.get('durq_revision', '?')}",
         *[f"- run {run_id}: `{command}`" for run_id, command in _commands(lines).items()],
         f"- load average (1 min) when measurements started: median {statistics.median(loads):.2f}, max {max(loads):.2f}"

@@ -123,6 +123,7 @@ def fill(finished, dead, delayed):
 def claim_cost(n, batch):
     """Median time of one claim of ``batch`` jobs, of one fenced completion, and of the idle probe."""
     from django_durq.clock import now_ms
+
     try:
         from django_durq.db.store import Store
     except ImportError:
