@@ -53,11 +53,12 @@ def merge(old: list[Line], new: list[Line]) -> list[Line]:
     The machine each run measured on is kept for every run that still has a line: the page names
     the machine of each table's runs.
     """
-    replaced = {_key(line) for line in new if line["workload"] != "machine"}
-    kept = [line for line in old if _key(line) not in replaced and line["workload"] != "machine"]
-    runs = {line["run_id"] for line in kept + new}
-    machines = [line for line in old + new if line["workload"] == "machine" and line["run_id"] in runs]
-    return [line for line in kept + new if line["workload"] != "machine"] + list({m["run_id"]: m for m in machines}.values())
+    replaced = {_key(line) for line in new}
+    measured = [line for line in old if _key(line) not in replaced] + new
+    measured = [line for line in measured if line["workload"] != "machine"]
+    runs = {line["run_id"] for line in measured}
+    machines = {line["run_id"]: line for line in old + new if line["workload"] == "machine" and line["run_id"] in runs}
+    return measured + list(machines.values())
 
 
 # --- grouping ----------------------------------------------------------------------------------

@@ -208,11 +208,7 @@ def check_pause(history: History) -> list[Violation]:
             if span.queue == queue
             and (
                 pause.ended_ms + PAUSE_LATENCY_MS < span.start < until
-                or (
-                    span.claim_ms is not None
-                    and pause.ended_ms + CLOCK_TOLERANCE_MS < _claimed_at(history, span) < until - CLOCK_TOLERANCE_MS
-                    and not _stalled_at(history, span.pid, span.claim_ms)
-                )
+                or pause.ended_ms + CLOCK_TOLERANCE_MS < _earliest_claim(history, span) < until - CLOCK_TOLERANCE_MS
             )
         ]
         if late:
@@ -226,18 +222,16 @@ def check_pause(history: History) -> list[Violation]:
     return found
 
 
-def _stalled_at(history: History, pid: int, at_ms: float) -> bool:
-    """Whether a stall held up the renewals of worker ``pid`` at ``at_ms``: its claim times may be capped then."""
-    return any(
-        blackout.cause == "stall" and blackout.began_ms <= at_ms <= blackout.ended_ms
-        for blackout in history.blackouts.get(pid, [])
-    )
+def _earliest_claim(history: History, span: SpanRow) -> float:
+    """The earliest moment ``span``'s claim can have been made, judged by the time it wrote.
 
-
-def _claimed_at(history: History, span: SpanRow) -> float:
-    """The earliest moment ``span``'s claim can have been made: a stopped process makes none."""
-    claimed = float(span.claim_ms or 0)
-    for blackout in history.blackouts.get(span.pid, []):
-        if blackout.cause == "stop" and blackout.began_ms <= claimed <= blackout.ended_ms:
-            return blackout.ended_ms
-    return claimed
+    A time written inside a stall of its worker may be capped (its renewals were held up), so it
+    tells nothing: the claim is judged by its start alone (-inf). One written inside a stop was
+    capped too, but a stopped process makes no claim: it was made at the stop's end or later.
+    """
+    if span.claim_ms is None:
+        return -math.inf
+    around = [b for b in history.blackouts.get(span.pid, []) if b.began_ms <= span.claim_ms <= b.ended_ms]
+    if any(blackout.cause == "stall" for blackout in around):
+        return -math.inf
+    return next((blackout.ended_ms for blackout in around if blackout.cause == "stop"), float(span.claim_ms))
