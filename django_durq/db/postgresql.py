@@ -126,11 +126,17 @@ PROBE_WAIT_S = 2.0
 
 # Pairs arrive as arrays, so the statement text is the same for every batch size. A row matches
 # only its own pair: two attempts of one job (a stale one still in this process's book and the
-# one the database holds) each name their own token. A row is running exactly while its
-# lease_expires_ms is set; testing that instead of the status keeps the planner on primary-key
-# lookups: "status = 'running'" would let it pick the partial lease index, and with statistics
-# gathered while nothing ran it then rescans the pairs per row.
-_HELD = (
+# one the database holds) each name their own token. Where the ids are distinct, as in nearly every
+# batch, a row's token is the one at its id's position: a primary-key lookup per id and a scan of
+# an array in C. Where they are not, each row tests the pairs one by one, a correlated scan that
+# costs about 20 µs a row at a batch of 130 (measured), paid only then. A row is running exactly
+# while its lease_expires_ms is set; testing that instead of the status keeps the planner on
+# primary-key lookups: "status = 'running'" would let it pick the partial lease index, and with
+# statistics gathered while nothing ran it then rescans the pairs per row.
+_HELD_DISTINCT = (
+    "lease_expires_ms IS NOT NULL AND id = ANY(%s::bigint[]) AND claim_token = (%s::bigint[])[array_position(%s::bigint[], id)]"
+)
+_HELD_PAIRS = (
     f"lease_expires_ms IS NOT NULL AND id = ANY(%s::bigint[]) AND EXISTS (SELECT FROM unnest(%s::bigint[], %s::bigint[])"
     f" AS pair(id, token) WHERE pair.id = {JOB}.id AND pair.token = {JOB}.claim_token)"
 )
@@ -138,19 +144,27 @@ _HELD = (
 # A batch of finished jobs kept (``finish_many``): one text for every batch size, the finish times
 # and results as arrays beside the ids, so neither the driver nor the server parses and plans it
 # anew per batch, as a ``CASE id WHEN … `` list of the batch's length made them do. A job an operator
-# asked to stop is left running for the caller to end cancelled, as in the shared statement.
+# asked to stop is left running for the caller to end cancelled, as in the shared statement. Only
+# for distinct ids: with two attempts of one job, the arrays would give both the first's.
 _FINISH = (
     f"UPDATE {JOB} SET status = 'finished', lease_expires_ms = NULL,"
     " finished_ms = (%s::bigint[])[array_position(%s::bigint[], id)], result = {result} WHERE {held} AND NOT stop_requested"
 )
-_FINISH_NO_RESULT = _FINISH.format(result="NULL", held=_HELD)
-_FINISH_RESULTS = _FINISH.format(result="(%s::text[])[array_position(%s::bigint[], id)]", held=_HELD)
+_FINISH_NO_RESULT = _FINISH.format(result="NULL", held=_HELD_DISTINCT)
+_FINISH_RESULTS = _FINISH.format(result="(%s::text[])[array_position(%s::bigint[], id)]", held=_HELD_DISTINCT)
 
-# A renewal locks the rows it extends and skips those another transaction holds (see ``renew``).
-_RENEW = f"""UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms)
-WHERE id = ANY(ARRAY(SELECT id FROM {JOB} WHERE {_HELD} FOR UPDATE SKIP LOCKED))
+# A renewal locks the rows it extends and skips those another transaction holds (see ``renew``);
+# by the fence ``held_many`` chose.
+_RENEW = {
+    held: f"""UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms)
+WHERE id = ANY(ARRAY(SELECT id FROM {JOB} WHERE {held} FOR UPDATE SKIP LOCKED))
 RETURNING id, claim_token, stop_requested"""
-_STILL_HELD = f"SELECT id, claim_token FROM {JOB} WHERE {_HELD}"
+    for held in (_HELD_DISTINCT, _HELD_PAIRS)
+}
+_STILL_HELD = {held: f"SELECT id, claim_token FROM {JOB} WHERE {held}" for held in (_HELD_DISTINCT, _HELD_PAIRS)}
+# The places of attempts (db/places.py), matched the same two ways.
+_ATTEMPTS_DISTINCT = "job_id = ANY(%s::bigint[]) AND claim_token = (%s::bigint[])[array_position(%s::bigint[], job_id)]"
+_ATTEMPTS_PAIRS = "(job_id, claim_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))"
 # For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past the bound.
 _BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
 _TURN_BOUNDS = "SELECT set_config('lock_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
@@ -243,7 +257,10 @@ class PostgreSQLDialect(Dialect):
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = [job_id for job_id, _ in leases]
-        return _HELD, [ids, ids, [token for _, token in leases]]
+        tokens = [token for _, token in leases]
+        if len(set(ids)) == len(ids):
+            return _HELD_DISTINCT, [ids, tokens, ids]
+        return _HELD_PAIRS, [ids, ids, tokens]
 
     def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
         """Extend the leases whose rows no other transaction holds, in one statement.
@@ -254,17 +271,17 @@ class PostgreSQLDialect(Dialect):
         """
         if not leases:
             return Renewal({})
-        _, params = self.held_many(leases)
+        held, params = self.held_many(leases)
         # Set only in a transaction of the renewal's own: a caller's would keep the settings.
         bounded = bound_ms is not None and not self.connection.in_atomic_block
         with transaction.atomic(using=self.connection.alias):
             if bounded:
                 self.fetchall(_BOUND, [str(bound_ms)] * 2)
-            rows = self.fetchall(_RENEW, [now_ms, *params])
+            rows = self.fetchall(_RENEW[held], [now_ms, *params])
             renewed = {(row[0], row[1]): bool(row[2]) for row in rows}
             busy: set[Lease] = set()
             if len(renewed) < len(set(leases)):
-                busy = {(row[0], row[1]) for row in self.fetchall(_STILL_HELD, params)} - renewed.keys()
+                busy = {(row[0], row[1]) for row in self.fetchall(_STILL_HELD[held], params)} - renewed.keys()
         return Renewal(renewed, busy)
 
     def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
@@ -284,9 +301,11 @@ class PostgreSQLDialect(Dialect):
         return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
-        # Matched as pairs, not by position: two attempts of one job may both hold a place.
         ids = [job_id for job_id, _ in leases]
-        return "(job_id, claim_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))", [ids, [t for _, t in leases]]
+        tokens = [token for _, token in leases]
+        if len(set(ids)) == len(ids):
+            return _ATTEMPTS_DISTINCT, [ids, tokens, ids]
+        return _ATTEMPTS_PAIRS, [ids, tokens]  # two attempts of one job may both hold a place
 
     def add_stats(self, rows: Sequence[tuple[str, int, int, int, int, int]]) -> None:
         for row in rows:

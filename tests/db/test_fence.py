@@ -1,0 +1,69 @@
+"""The fence over a batch of attempts matches each row by its own (id, claim token) pair, exactly.
+
+Every dialect writes it two ways where it can: one for a batch whose ids are distinct (a row's
+token read at its id's position) and one for a batch holding two attempts of one job (a stale one
+still in the worker's book and the one the database holds). Both must match a row only under its
+own token, whichever the batch holds.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connection
+
+from django_durq.db import dialect_for, places
+from django_durq.models import Job, LimitPlace, Status
+from tests.ledger import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = 1_800_000_000_000
+
+
+def claimed(count: int) -> list[tuple[int, int]]:
+    jobs.noop.enqueue_many([{"n": n} for n in range(count)])
+    rows = dialect_for(connection).claim("default", count, NOW, f"test:{uuid.uuid4().hex[:8]}")
+    assert len(rows) == count
+    return sorted((job.id, job.claim_token) for job in rows)
+
+
+def statuses() -> dict[int, str]:
+    return dict(Job.objects.values_list("pk", "status"))
+
+
+def test_distinct_ids_match_only_their_own_token():
+    dialect = dialect_for(connection)
+    (a, a_token), (b, b_token), (c, c_token) = claimed(3)
+    # c under a token it does not hold: the batch's ids are distinct, the pair is wrong.
+    assert dialect.complete([(a, a_token), (b, b_token), (c, c_token + 1)]) == {(a, a_token), (b, b_token)}
+    assert statuses() == {c: Status.RUNNING}
+    lease = Job.objects.get(pk=c).lease_expires_ms
+    assert dialect.renew([(c, c_token - 1)], NOW + 60_000).renewed == {}
+    assert Job.objects.get(pk=c).lease_expires_ms == lease
+
+
+def test_two_attempts_of_one_job_in_a_batch_match_only_the_held_one():
+    dialect = dialect_for(connection)
+    (a, a_token), (b, b_token) = claimed(2)
+    stale = (a, a_token - 1)
+    # The stale attempt first: a fence by position would read its token for the row, and miss.
+    renewal = dialect.renew([stale, (a, a_token), (b, b_token)], NOW + 1)
+    assert set(renewal.renewed) == {(a, a_token), (b, b_token)}
+    assert dialect.complete([stale, (b, b_token)]) == {(b, b_token)}
+    assert statuses() == {a: Status.RUNNING}
+    assert dialect.complete([stale, (a, a_token)]) == {(a, a_token)}
+    assert statuses() == {}
+
+
+@pytest.mark.parametrize("batch", ["distinct", "two attempts of one job"])
+def test_places_are_freed_by_their_own_attempt_only(batch):
+    dialect = dialect_for(connection)
+    (a, a_token), (b, b_token) = claimed(2)
+    held = [(a, a_token - 1), (a, a_token), (b, b_token)]  # a's stale attempt still runs, holding its place
+    for job_id, token in held:
+        LimitPlace.objects.create(job_id=job_id, claim_token=token, queue="default", worker_id="w", taken_ms=NOW)
+    freeing = [(a, a_token), (b, b_token + 1)] if batch == "distinct" else [(a, a_token + 1), (a, a_token)]
+    assert places.free(dialect, freeing) == 1
+    assert set(LimitPlace.objects.values_list("job_id", "claim_token")) == {(a, a_token - 1), (b, b_token)}
