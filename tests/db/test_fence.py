@@ -67,3 +67,27 @@ def test_places_are_freed_by_their_own_attempt_only(batch):
     freeing = [(a, a_token), (b, b_token + 1)] if batch == "distinct" else [(a, a_token + 1), (a, a_token)]
     assert places.free(dialect, freeing) == 1
     assert set(LimitPlace.objects.values_list("job_id", "claim_token")) == {(a, a_token - 1), (b, b_token)}
+
+
+@pytest.mark.parametrize("batch", ["distinct", "two attempts of one job"])
+def test_a_kept_batch_frees_the_places_of_the_handlers_that_ended_with_it(batch):
+    dialect = dialect_for(connection)
+    (a, a_token), (b, b_token), (c, c_token) = claimed(3)
+    for job_id, token in [(a, a_token), (b, b_token), (c, c_token), (c, c_token - 1)]:
+        LimitPlace.objects.create(job_id=job_id, claim_token=token, queue="default", worker_id="w", taken_ms=NOW)
+    kept = [((a, a_token), NOW + 1, None), ((b, b_token), NOW + 2, '"done"')]
+    if batch == "two attempts of one job":
+        kept.append(((a, a_token - 1), NOW + 3, None))  # a stale attempt's completion: fenced off
+    # b's and c's stale handler ended; a's place is kept (its handler still runs, say).
+    done, claimed_now = dialect.complete_and_claim(
+        [], "default", 0, NOW, "w", kept=kept, free_places=[(b, b_token), (c, c_token - 1)]
+    )
+    assert done == {(a, a_token), (b, b_token)} and claimed_now == []
+    assert set(LimitPlace.objects.values_list("job_id", "claim_token")) == {(a, a_token), (c, c_token)}
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert [(rows[j].status, rows[j].finished_ms) for j in (a, b, c)] == [
+        (Status.FINISHED, NOW + 1),
+        (Status.FINISHED, NOW + 2),
+        (Status.RUNNING, None),
+    ]
+    assert rows[b].result == '"done"'
