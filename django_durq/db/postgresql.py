@@ -299,6 +299,8 @@ class PostgreSQLDialect(Dialect):
         return Renewal(renewed, busy)
 
     def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
+        if not kept:
+            return set()  # finished jobs deleted: no statement for an empty batch
         leases = [lease for lease, _, _ in kept]
         if not _distinct(leases):
             return super().finish_many(kept)  # two attempts of one job: the arrays would give both the first's

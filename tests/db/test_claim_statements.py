@@ -71,6 +71,17 @@ def test_a_kept_batch_is_one_statement_text_whatever_its_size():
     assert rows[leases[5][0]].result is None
 
 
+def test_a_batch_with_nothing_kept_sends_no_kept_batch_statement():
+    jobs.noop.enqueue_many([{"n": n} for n in range(3)])
+    dialect = dialect_for(connection)
+    leases = [(job.id, job.claim_token) for job in dialect.claim("default", 3, NOW, worker())]
+    sent = Sent()
+    with connection.execute_wrapper(sent):  # finished jobs deleted (KEEP_FINISHED = 0): nothing kept
+        done, claimed = dialect.complete_and_claim(leases, "default", 0, NOW + 1, worker())
+    assert done == set(leases) and claimed == [] and not Job.objects.exists()
+    assert sent.starting("UPDATE") == [] and len(sent.starting("DELETE")) == 1
+
+
 @mariadb_only
 def test_a_claim_inside_a_completions_transaction_takes_no_savepoint():
     jobs.noop.enqueue_many([{"n": n} for n in range(3)])
