@@ -304,8 +304,8 @@ class PostgreSQLDialect(Dialect):
         leases = [lease for lease, _, _ in kept]
         if not _distinct(leases):
             return super().finish_many(kept)  # two attempts of one job: the arrays would give both the first's
-        _, held = self.held_many(leases)
-        ids = held[0]
+        ids = _integers(job_id for job_id, _ in leases)
+        held = [ids, _integers(token for _, token in leases), ids]  # _HELD_DISTINCT's
         finished = _integers(finished_ms for _, finished_ms, _ in kept)
         results = [result for _, _, result in kept]
         if any(result is not None for result in results):
