@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -35,13 +37,22 @@ class SlotConnections:
 
         Unlike ``close_old_connections()``, a healthy connection survives between jobs even with
         ``CONN_MAX_AGE = 0``: reconnecting for every job would cost more than most jobs.
+
+        This runs after every job, so it reads the wrappers' state (the connection is open:
+        ``autocommit`` is what ``get_autocommit()`` would return) and asks Django to close an
+        obsolete connection only once its ``CONN_MAX_AGE`` has run out, or where
+        ``CONN_HEALTH_CHECKS`` wants the next handler's first query to check it.
         """
         for connection in self.wrappers:
             if connection.connection is None:
                 continue
-            if connection.in_atomic_block or not connection.get_autocommit():
+            if connection.in_atomic_block or not connection.autocommit:
                 reclaim_connection(connection)  # a handler's, on a database the queue does not use
             elif connection.errors_occurred and not connection.is_usable():
                 connection.close()
-            elif connection.close_at is not None and connection.settings_dict["CONN_MAX_AGE"]:
+            elif (
+                connection.close_at is not None
+                and connection.settings_dict["CONN_MAX_AGE"]
+                and (connection.health_check_enabled or time.monotonic() >= connection.close_at)  # type: ignore[attr-defined]
+            ):
                 connection.close_if_unusable_or_obsolete()
