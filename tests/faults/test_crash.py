@@ -132,11 +132,13 @@ def test_t11_poison_pill_that_kills_its_worker_becomes_a_dead_letter(faults, mod
     # A normal job whose completion was still held for its batch when the poison pill killed the
     # process (up to COMPLETION_HOLD_MS plus the write in progress: several no-op jobs on a busy
     # machine) runs again. Each such job ran exactly twice: first in a process that crashed, then
-    # in another, its first attempt recorded as lost (explained: verdict.ok).
+    # in another, its first attempt recorded as lost (explained: verdict.ok). A later process may
+    # also have claimed it ahead and crashed before starting it: one more lost attempt, no run.
     for job_id in set(verdict.duplicated) - {poison.pk}:
         runs = list(Effect.objects.filter(job_id=job_id).order_by("started_ms", "pk").values_list("pid", flat=True))
         assert len(runs) == 2 and runs[0] in crashed_pids and runs[1] != runs[0], (job_id, runs, crashed_pids)
-        assert [e["kind"] in LOST for e in Job.objects.get(pk=job_id).error_list] == [True], job_id
+        lost = [e["kind"] in LOST for e in Job.objects.get(pk=job_id).error_list]
+        assert 1 <= len(lost) <= len(crashed_pids) and all(lost), (job_id, lost)
     assert re.search(r"on its last attempt.* -> dead letter", worker.output())
 
 
