@@ -41,6 +41,13 @@ ORDER BY priority DESC, run_at_ms, id LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 
+# Whether the expired pick would find anything, read without locking: the same rows, no locks.
+_ANY_EXPIRED = f"""
+SELECT 1 FROM {JOB} FORCE INDEX (durq_job_claim)
+WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts AND limit_key IS NULL
+LIMIT 1
+"""
+
 # How often a claim that keeps coming back full also looks for jobs whose lease ran out (the
 # expired pick). MariaDB has no partial lease index: the pick walks every running row of the
 # queue, every worker's claimed-ahead batch, locking or passing over each, so with many worker
@@ -48,6 +55,8 @@ FOR UPDATE SKIP LOCKED
 # sixth of 4 processes' rate). A claim that came back short looks every time, as does the first
 # claim after this long (in the claims' own time); a busy worker thus still takes a lost worker's
 # jobs within this of their expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
+# A busy worker's look reads first, without locking, whether any lease ran out: locking each
+# running row as it passed, the pick made every other worker's completion of that row wait.
 EXPIRED_LOOK_MS = 500
 
 
@@ -60,13 +69,15 @@ class _Claims:
         self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
         self._full_queues: set[tuple[str, str]] = set()  # (alias, queue) whose last claim came back full
 
-    def look_expired(self, key: tuple[str, str, str], now_ms: int) -> bool:
+    def look_expired(self, key: tuple[str, str, str], now_ms: int) -> str | None:
+        """None: no look this claim; ``"read first"``: a busy worker's look; ``"pick"``: pick at once."""
         with self._lock:
             looked = self._looked.get(key)
-            if self._full.get(key) and looked is not None and looked <= now_ms < looked + EXPIRED_LOOK_MS:
-                return False
+            full = self._full.get(key)
+            if full and looked is not None and looked <= now_ms < looked + EXPIRED_LOOK_MS:
+                return None
             self._looked[key] = now_ms
-            return True
+            return "read first" if full else "pick"
 
     def took(self, key: tuple[str, str, str], full: bool) -> None:
         with self._lock:
@@ -157,7 +168,8 @@ class MySQLDialect(Dialect):
         key = (self.connection.alias, queue, worker_id)
         with transaction.atomic(using=self.connection.alias, savepoint=False):
             rows = []
-            if _claims.look_expired(key, now_ms):
+            look = _claims.look_expired(key, now_ms)
+            if look == "pick" or (look == "read first" and self.fetchall(_ANY_EXPIRED, (queue, now_ms))):
                 rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
             if len(rows) < limit:
                 rows += self.fetchall(_PICK_DUE, (queue, now_ms, queue, limit - len(rows)))

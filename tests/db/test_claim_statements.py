@@ -4,7 +4,7 @@ A kept completion is one statement text whatever the batch's size (SQLite, Postg
 driver and the server do not parse and plan it anew per batch. On MariaDB a claim inside a
 completion's transaction takes no savepoint, and a worker whose claims come back full looks for
 expired leases at most every ``EXPIRED_LOOK_MS`` of its claims' time, not in every claim: that look walks every running
-row of every worker. An expired lease is still taken by the next claim that looks.
+row of every worker, and it reads without locking first. An expired lease is still taken by the next claim that looks.
 """
 
 from __future__ import annotations
@@ -95,7 +95,15 @@ def test_a_claim_inside_a_completions_transaction_takes_no_savepoint():
 
 
 def expired_picks(sent: Sent) -> int:
-    return sum("status = 'running' AND lease_expires_ms <=" in text for text in sent.starting("SELECT"))
+    """The claim's locking reads of expired leases."""
+    return sum("status = 'running' AND lease_expires_ms <=" in text and "FOR UPDATE" in text for text in sent.starting("SELECT"))
+
+
+def expired_reads(sent: Sent) -> int:
+    """A busy worker's reads, without locking, of whether any lease ran out."""
+    return sum(
+        "status = 'running' AND lease_expires_ms <=" in text and "FOR UPDATE" not in text for text in sent.starting("SELECT")
+    )
 
 
 @mariadb_only
@@ -120,7 +128,7 @@ def test_full_claims_look_for_expired_leases_every_half_second_and_short_claims_
         skipped = dialect.claim("default", 1, NOW + EXPIRED_LOOK_MS - 1, busy)
         looked = dialect.claim("default", 1, NOW + EXPIRED_LOOK_MS, busy)  # half a second on: it looks again
     assert skipped[0].id != first[0].id and looked[0].id == first[0].id
-    assert expired_picks(sent) == 1
+    assert expired_picks(sent) == 1 and expired_reads(sent) == 1  # a busy worker reads first, then picks
 
     Job.objects.filter(pk=looked[0].id).update(lease_expires_ms=NOW - 1)
     sent.texts.clear()
@@ -130,7 +138,25 @@ def test_full_claims_look_for_expired_leases_every_half_second_and_short_claims_
         nothing = dialect.claim("default", 10, NOW + EXPIRED_LOOK_MS, busy)
     assert len(short) == 3 and looked[0].id not in {job.id for job in short}
     assert [job.id for job in again] == [looked[0].id] and nothing == []
-    assert expired_picks(sent) == 2
+    assert expired_picks(sent) == 2 and expired_reads(sent) == 0
+
+
+@mariadb_only
+def test_a_busy_workers_look_locks_no_running_row_while_no_lease_ran_out():
+    """The look walks every worker's running rows: only a lease that ran out makes it lock them."""
+    from django_durq.db.mysql import EXPIRED_LOOK_MS
+
+    jobs.noop.enqueue_many([{"n": n} for n in range(8)])
+    dialect = dialect_for(connection)
+    dialect.claim("default", 3, NOW, worker())  # another worker's jobs, leased
+    busy = worker()
+    sent = Sent()
+    with connection.execute_wrapper(sent):
+        dialect.claim("default", 2, NOW, busy)  # its first claim picks at once, and comes back full
+        taken = dialect.claim("default", 2, NOW + EXPIRED_LOOK_MS, busy)  # its look half a second on
+    assert len(taken) == 2
+    assert expired_picks(sent) == 1 and expired_reads(sent) == 1
+    assert "FOR UPDATE" not in [text for text in sent.texts if "lease_expires_ms <=" in text][-1]
 
 
 @mariadb_only
