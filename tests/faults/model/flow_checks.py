@@ -202,13 +202,19 @@ def check_pause(history: History) -> list[Violation]:
         queue = pause.op.target
         resume = next((a for a in actions[index + 1 :] if a.op.kind == "resume" and a.op.target == queue), None)
         until = resume.began_ms if resume is not None else history.record.quiet_ms
+        # A claim's time is read before its statement runs, which may wait (for SQLite's write
+        # lock, a stall, an injected delay): the claim was made between that time and the job's
+        # start. It was made during the pause only if both lie inside it.
         late = [
             span
             for span in history.spans
             if span.queue == queue
             and (
                 pause.ended_ms + PAUSE_LATENCY_MS < span.start < until
-                or pause.ended_ms + CLOCK_TOLERANCE_MS < _earliest_claim(history, span) < until - CLOCK_TOLERANCE_MS
+                or (
+                    pause.ended_ms + CLOCK_TOLERANCE_MS < _earliest_claim(history, span)
+                    and span.start < until - CLOCK_TOLERANCE_MS
+                )
             )
         ]
         if late:
