@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -29,8 +29,11 @@ from tests.ledger import jobs
 
 # Worker rows count as live for three heartbeat intervals since they last wrote (ops.LIVE_HEARTBEATS).
 HEARTBEAT_S = 600
+# A daily run half a day from now: the schedules are declared two hours back (``_schedules``), and
+# one whose time fell in those two hours has run (a fixed "0 3 * * *" did, from 03:00 to 05:00 UTC).
+NIGHTLY_CRON = f"0 {(datetime.now(UTC).hour + 12) % 24} * * *"
 SCHEDULES = {
-    "nightly-report": {"cron": "0 3 * * *", "job": "billing.charge_card", "kwargs": {"invoice_id": "daily", "amount_cents": 0}},
+    "nightly-report": {"cron": NIGHTLY_CRON, "job": "billing.charge_card", "kwargs": {"invoice_id": "daily", "amount_cents": 0}},
     "feed-refresh": {"cron": "*/30 * * * *", "job": "tests.effect", "kwargs": {"tag": "feed"}},
     "card-sweep": {"cron": "15 * * * *", "job": "tests.fail", "kwargs": {"message": "card processor answered 502"}},
 }

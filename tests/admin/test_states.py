@@ -19,6 +19,7 @@ from django_durq import Workflow, ops, schedules
 from django_durq.clock import now_ms
 from django_durq.models import Job, WorkerProcess
 from django_durq.testing import drain
+from tests.admin.demo import NIGHTLY_CRON
 from tests.admin.helpers import JOBS, QUEUES, SCRIPT, claim, messages_of, staff, text
 from tests.conftest import wait_until
 from tests.ledger import jobs
@@ -205,7 +206,7 @@ def test_the_schedules_page_shows_last_run_outcome_and_next_due(superuser, setti
     declared = {
         "feed-refresh": {"cron": "*/30 * * * *", "job": "tests.effect", "kwargs": {"tag": "feed"}},
         "card-sweep": {"cron": "15 * * * *", "job": "tests.fail", "kwargs": {"message": "card processor answered 502"}},
-        "nightly-report": {"cron": "0 3 * * *", "job": "tests.noop"},
+        "nightly-report": {"cron": NIGHTLY_CRON, "job": "tests.noop"},  # not due in the two hours declared back
     }
     with override_settings(DURQ={**settings.DURQ, "SCHEDULES": declared, "KEEP_FINISHED": 3600}):
         now = now_ms()
