@@ -16,7 +16,7 @@ where it was. A place goes with the handler instead:
 So a key's or a queue's place is held for as long as a handler runs, and until its process is
 known to have ended: at once for a process that exited or was killed (its presence lock is
 released, and the duty runs every few seconds); for a process that is paused or cut off, after a
-PostgreSQL or MariaDB session stays silent for ``presence.SESSION_IDLE_S``, or after ten missed
+PostgreSQL or MariaDB session stays silent for ``session_presence.SESSION_IDLE_S``, or after ten missed
 heartbeats where a worker holds no presence lock. On SQLite a paused process keeps its lock, and
 its places, until it resumes or ends.
 

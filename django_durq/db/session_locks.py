@@ -2,8 +2,9 @@
 
 PostgreSQL's advisory locks and MariaDB's named locks (``GET_LOCK``) belong to the session that
 took them: a worker's process that is killed, crashes or loses its host closes its connection,
-and the server frees its locks at once. ``db/presence.py`` uses them to tell live workers from
-ended ones, and to pick the one that runs the maintenance duties, without writing a row.
+and the server frees its locks at once. ``db/session_presence.py`` holds them to tell live
+workers from ended ones, and to pick the one that runs the maintenance duties, without writing a
+row.
 
 A session that falls silent (a paused or partitioned process) is ended by the server once it has
 been idle for ``idle_s``: PostgreSQL's ``idle_session_timeout``, MariaDB's ``wait_timeout``. So a
@@ -31,6 +32,11 @@ _QUERY_CANCELED = "57014"
 class SessionLocks:
     """One vendor's way to take, test and name session locks for the database of ``alias``."""
 
+    # Whether a statement that waits for a lock holds a snapshot while it waits. PostgreSQL's does:
+    # the server then keeps every row version that snapshot might see, so the old version of each
+    # job claimed meanwhile stays in the claim index, and every claim walks past them.
+    wait_holds_snapshot = False
+
     def __init__(self, wrapper: BaseDatabaseWrapper) -> None:
         self.wrapper = wrapper
 
@@ -56,6 +62,8 @@ def _digest(text: str) -> bytes:
 
 
 class PostgreSQLLocks(SessionLocks):
+    wait_holds_snapshot = True
+
     def connect(self, idle_s: int) -> Any:
         session = own_connection(self.wrapper)
         session.autocommit = True

@@ -157,7 +157,7 @@ class JobContext:
 
         Another worker takes a job over once its worker's lock is released (``worker/takeover.py``),
         lease or no lease. The worker's presence thread learns that its session was lost at its next
-        statement on it, within ``presence.WAIT_S`` (2 s), and gives it up 2.5 s before the server
+        statement on it, within ``session_presence.WAIT_S`` (2 s), and gives it up 2.5 s before the server
         could end a silent session; from then until a renewal sent after the lock is held again
         confirms the lease, the handler is told to stop.
         """

@@ -26,6 +26,7 @@ from django.db.models import Q
 
 from ..db import presence
 from ..db.presence import Liveness
+from ..db.session_presence import RECONNECT_S, SessionPresence
 from ..models import DutyLease, WorkerProcess
 from . import row_presence
 from .held_places import free_ended_places
@@ -189,11 +190,11 @@ class StaleWorkers:
         took over from a leader that was killed, or has just started) judges at once.
         """
         held = self.runtime.presence
-        if not isinstance(held, presence.SessionPresence):
+        if not isinstance(held, SessionPresence):
             return False  # a lock file ends only with its process
         if held.held_since() is None:
             return True
-        return held.reopened_at is not None and time.monotonic() - held.reopened_at < presence.RECONNECT_S
+        return held.reopened_at is not None and time.monotonic() - held.reopened_at < RECONNECT_S
 
 
 register_duty(StaleWorkers)

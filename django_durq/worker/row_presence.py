@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection
 from django.db import DatabaseError, connections
 
 from ..clock import Clock
-from ..db import presence
+from ..db import presence, session_presence
 from ..models import WorkerProcess
 
 logger = logging.getLogger("django_durq")
@@ -37,8 +37,8 @@ logger = logging.getLogger("django_durq")
 BEAT_S = 2.0
 BEAT_MS = round(BEAT_S * 1000)
 # Silent this long, the worker's handlers are told to stop; silent GONE_S, its jobs are taken
-# over: the bounds of a presence session (db/presence.py), kept by rows.
-SILENT_S = presence.SILENT_S
+# over: the bounds of a presence session (db/session_presence.py), kept by rows.
+SILENT_S = session_presence.SILENT_S
 GONE_MS = presence.ROW_GONE_MS
 GONE_S = GONE_MS / 1000
 # A pause between two beats that got through longer than this breaks the run the leader counts on.

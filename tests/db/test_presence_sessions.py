@@ -17,7 +17,7 @@ from django.db import connection
 
 from django_durq import ops
 from django_durq.clock import now_ms
-from django_durq.db import presence
+from django_durq.db import session_presence
 from django_durq.db.session_locks import PostgreSQLLocks, session_locks
 from django_durq.models import WorkerProcess
 from tests.conftest import db_vendor, wait_until
@@ -106,7 +106,7 @@ def test_a_paused_leader_loses_its_locks_and_holds_them_again_when_it_resumes(sp
     first.signal(signal.SIGSTOP)  # a VM pause, a stop-the-world swap storm, a debugger
     try:
         # Its session falls silent; the server ends it, and the waiting worker gets the lock.
-        wait_until(lambda: LEADS in second.output(), presence.SESSION_IDLE_S + 15, "the second worker to lead")
+        wait_until(lambda: LEADS in second.output(), session_presence.SESSION_IDLE_S + 15, "the second worker to lead")
         wait_until(lambda: [worker.pid for worker in ops.live_workers()] == [second.pid], 10, "the paused worker to be seen gone")
     finally:
         first.signal(signal.SIGCONT)
@@ -141,3 +141,38 @@ def test_a_presence_session_the_server_ends_is_opened_again(spawn_worker):
     wait_until(lambda: [w.pid for w in ops.live_workers()] == [worker.pid], 10, "the worker to be listed")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
+
+
+def snapshot_holders() -> list[tuple[int, object]]:
+    """(pid, start of its statement) of the other sessions of this database that hold a snapshot now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, query_start FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL"
+        )
+        return cursor.fetchall()
+
+
+@pytest.mark.skipif(db_vendor() != "postgres", reason="PostgreSQL's horizon of removable row versions")
+def test_a_worker_waiting_to_lead_holds_back_no_snapshot(spawn_worker):
+    """A statement holds a snapshot for as long as it runs, and the server keeps every row version
+    it might see: a claimed job's old version stays in the claim index, and every claim walks it.
+    A worker that is not the leader must therefore not wait for the leader's lock inside a statement.
+    """
+    workers = [spawn_worker("--queue", "default:2") for _ in range(2)]
+    wait_until(lambda: WorkerProcess.objects.count() == 2, 60, "both workers to register")
+    wait_until(lambda: len(leader(workers)) == 1, 30, "one worker to lead")
+    time.sleep(1)  # start-up is done
+    first_seen: dict[tuple[int, object], float] = {}
+    longest_s = 0.0
+    deadline = time.monotonic() + 6  # three of the leader's turns, and of the waits for its lock
+    while time.monotonic() < deadline:
+        seen_at = time.monotonic()
+        for statement in snapshot_holders():
+            longest_s = max(longest_s, seen_at - first_seen.setdefault(statement, seen_at))
+        time.sleep(0.05)
+    assert longest_s < 1.0, f"an idle worker's statement held a snapshot for {longest_s:.1f} s"
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait(timeout=30) == 0, worker.output()

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_durq.clock import ManualClock
 from django_durq.conf import get_settings
-from django_durq.db import presence
+from django_durq.db import presence, session_presence
 from django_durq.db.session_locks import session_locks
 from django_durq.models import Job, WorkerProcess
 from django_durq.worker.maintenance import StaleWorkers
@@ -44,7 +44,7 @@ def live_worker(worker_id: str) -> Iterator[str]:
         return
     locks = session_locks("default")
     assert locks is not None
-    session = locks.connect(presence.SESSION_IDLE_S)
+    session = locks.connect(session_presence.SESSION_IDLE_S)
     try:
         assert locks.take(session, worker_id, 2)
         yield worker_id
@@ -129,7 +129,7 @@ def take_lock(worker_id: str) -> Iterator[None]:
         return
     locks = session_locks("default")
     assert locks is not None
-    session = locks.connect(presence.SESSION_IDLE_S)
+    session = locks.connect(session_presence.SESSION_IDLE_S)
     try:
         assert locks.take(session, worker_id, 2)
         yield
