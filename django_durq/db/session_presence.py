@@ -61,7 +61,7 @@ class SessionPresence:
         # When the session was last opened again after it was lost (a database restart, a cut): None until then.
         self.reopened_at: float | None = None
         self._stopped = threading.Event()
-        # Written to at withdraw(): wakes the leader's wait on its session's socket.
+        # Written to at withdraw(): wakes a wait on the session's socket (the leader's, or a look for its lock).
         self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="durq-presence", daemon=True)
 
