@@ -166,7 +166,7 @@ class SessionPresence:
         return False
 
     def _quiet(self, wait_s: float) -> bool:
-        """Wait up to ``wait_s`` between the leader's statements; True once the worker stops.
+        """Wait up to ``wait_s`` between statements on the session (the leader's, or looks for its lock); True at a stop.
 
         It returns early when the server speaks on the idle session: that is the server ending it
         (a restart, ``pg_terminate_backend``, ``KILL``), and the statement that follows learns it at
