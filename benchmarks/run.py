@@ -48,6 +48,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-jobs", type=int, help="jobs for the memory workload (default 100000)")
     parser.add_argument("--scale-rows", type=int, help="finished + dead rows for the scale workload (default 1000000)")
     parser.add_argument("--scaling-jobs", type=int, help="jobs per point of the scaling workload (default 100000)")
+    parser.add_argument("--scaling-processes", help="worker processes of the scaling workload's points (default 1,2,4,8,16)")
     parser.add_argument("--bloat-jobs", type=int, help="jobs through the table in the bloat workload (default 1000000)")
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window of the latency workload (default 60)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, small counts, short windows")
@@ -96,6 +97,8 @@ def options_from(args: argparse.Namespace) -> Options:
         options.bloat_jobs = args.bloat_jobs
     if args.idle_seconds is not None:
         options.idle_seconds = args.idle_seconds
+    if args.scaling_processes:
+        options.extra["scaling_processes"] = tuple(int(part) for part in args.scaling_processes.split(","))
     if args.concurrency:
         options.extra["concurrency"] = tuple(int(part) for part in args.concurrency.split(","))
     return options

@@ -42,7 +42,7 @@ def applies(adapter: Adapter, database: str) -> bool:
 
 def run(session: Session, adapter: Adapter, database: str) -> None:
     options = session.options
-    points = QUICK_PROCESSES if options.quick else PROCESSES
+    points = options.extra.get("scaling_processes") or (QUICK_PROCESSES if options.quick else PROCESSES)
     jobs = options.scaling_jobs
     for repeat in range(options.repeats):
         for processes in points:

@@ -1,4 +1,4 @@
-"""MariaDB: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction.
+"""MariaDB: ``SELECT … FOR UPDATE SKIP LOCKED`` then ``UPDATE``, in one short transaction, claimers in turn.
 
 MariaDB has no ``UPDATE … RETURNING``, so the claim reads the rows it locks and computes the
 new token and attempt count itself; the row locks make that exact. Needs MariaDB ≥ 10.6 for
@@ -58,6 +58,17 @@ LIMIT 1
 # A busy worker's look reads first, without locking, whether any lease ran out: locking each
 # running row as it passed, the pick made every other worker's completion of that row wait.
 EXPIRED_LOOK_MS = 500
+
+
+# Claimers of one queue take turns: a named lock per database and queue, waited for in GET_LOCK,
+# which holds no read view and no row lock of its own. Claiming side by side, each claim walked the
+# head of the claim index past the others' locked batches, and so many sessions at work starved
+# purge of the entries claims had moved out of the waiting range: with 16 processes every claim
+# walked thousands of them, and the drain fell to a third of 2 processes'. The turn orders claims;
+# it guards nothing. A claim that waited ``CLAIM_TURN_WAIT_S`` goes ahead without it, so a holder
+# stalled in its claim (a paused process) slows the others by that much and stops none of them.
+_CLAIM_TURN = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', %s)))"
+CLAIM_TURN_WAIT_S = 1.0
 
 
 class _Claims:
@@ -166,7 +177,7 @@ class MySQLDialect(Dialect):
         and an error rolls back the whole of it.
         """
         key = (self.connection.alias, queue, worker_id)
-        with transaction.atomic(using=self.connection.alias, savepoint=False):
+        with self._claim_turn(queue), transaction.atomic(using=self.connection.alias, savepoint=False):
             rows = []
             look = _claims.look_expired(key, now_ms)
             if look == "pick" or (look == "read first" and self.fetchall(_ANY_EXPIRED, (queue, now_ms))):
@@ -176,6 +187,23 @@ class MySQLDialect(Dialect):
             jobs = self._take(rows, now_ms, worker_id)
         _claims.took(key, len(jobs) >= limit)
         return jobs
+
+    @contextlib.contextmanager
+    def _claim_turn(self, queue: str) -> Iterator[None]:
+        """This session's turn to claim ``queue`` (``_CLAIM_TURN``), or none after ``CLAIM_TURN_WAIT_S``.
+
+        Given back when the claim has updated its rows. Inside a completion's transaction that is
+        before the commit: the next claimer may pass over this one batch while it is still locked,
+        where holding the turn until the caller commits would keep every claimer waiting on the
+        completion's own statements too.
+        """
+        took = self.fetchall(f"SELECT GET_LOCK({_CLAIM_TURN}, %s)", (queue, CLAIM_TURN_WAIT_S))[0][0] == 1
+        try:
+            yield
+        finally:
+            if took:  # through the driver's cursor: a broken transaction must give the turn back too
+                with self.connection.connection.cursor() as cursor:
+                    cursor.execute(f"DO RELEASE_LOCK({_CLAIM_TURN})", (queue,))
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         marks = ", ".join(["%s"] * len(picks))

@@ -5,10 +5,13 @@ driver and the server do not parse and plan it anew per batch. On MariaDB a clai
 completion's transaction takes no savepoint, and a worker whose claims come back full looks for
 expired leases at most every ``EXPIRED_LOOK_MS`` of its claims' time, not in every claim: that look walks every running
 row of every worker, and it reads without locking first. An expired lease is still taken by the next claim that looks.
+MariaDB's claimers of one queue take turns, and one whose turn does not come goes ahead without it.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
@@ -177,3 +180,38 @@ def test_the_watcher_reads_due_jobs_only_for_queues_not_claimed_in_full():
         assert "default" in due_reads(connection.alias)
     finally:
         wakeup.unsubscribe("default", wake)
+
+
+@mariadb_only
+def test_claimers_of_a_queue_take_turns_and_a_stalled_turn_stops_nobody(monkeypatch):
+    from django_durq.db import mysql
+
+    jobs.noop.enqueue_many([{"n": n} for n in range(4)])
+    dialect = dialect_for(connection)
+    other = connection.get_new_connection(connection.get_connection_params())  # another worker's session
+    turn = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', 'default')))"
+    cursor = other.cursor()
+    try:
+        cursor.execute(f"SELECT GET_LOCK({turn}, 0)")
+        assert cursor.fetchone()[0] == 1  # the other session is claiming
+
+        monkeypatch.setattr(mysql, "CLAIM_TURN_WAIT_S", 30.0)
+        claimed: list[int] = []
+        waiter = threading.Thread(target=lambda: claimed.extend(job.id for job in dialect.claim("default", 2, NOW, worker())))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and claimed == []  # waits for its turn
+        cursor.execute(f"DO RELEASE_LOCK({turn})")
+        waiter.join(10)
+        assert not waiter.is_alive() and len(claimed) == 2  # its turn came
+
+        cursor.execute(f"SELECT GET_LOCK({turn}, 0)")
+        assert cursor.fetchone()[0] == 1  # held by a session stalled in its claim
+        monkeypatch.setattr(mysql, "CLAIM_TURN_WAIT_S", 0.2)
+        started = time.monotonic()
+        late = dialect.claim("default", 2, NOW, worker())
+        assert len(late) == 2 and time.monotonic() - started >= 0.2  # it waited, then claimed without its turn
+        cursor.execute(f"SELECT IS_USED_LOCK({turn}) = CONNECTION_ID()")
+        assert cursor.fetchone()[0] == 1  # and took nothing from the holder
+    finally:
+        other.close()
