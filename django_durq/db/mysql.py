@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -65,10 +66,13 @@ EXPIRED_LOOK_MS = 500
 # head of the claim index past the others' locked batches, and so many sessions at work starved
 # purge of the entries claims had moved out of the waiting range: with 16 processes every claim
 # walked thousands of them, and the drain fell to a third of 2 processes'. The turn orders claims;
-# it guards nothing. A claim that waited ``CLAIM_TURN_WAIT_S`` goes ahead without it, so a holder
-# stalled in its claim (a paused process) slows the others by that much and stops none of them.
+# it guards nothing. A claim that waited ``CLAIM_TURN_WAIT_S`` goes ahead without it, and its
+# process's claims of that queue then go side by side for ``CLAIM_TURN_STALL_S`` before they ask
+# again: a holder stalled in its claim (a paused process, whose session keeps its locks) costs each
+# other process a second per ``CLAIM_TURN_STALL_S`` and stops none of them.
 _CLAIM_TURN = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', %s)))"
 CLAIM_TURN_WAIT_S = 1.0
+CLAIM_TURN_STALL_S = 10.0
 
 
 class _Claims:
@@ -79,6 +83,20 @@ class _Claims:
         self._looked: dict[tuple[str, str, str], int] = {}  # (alias, queue, worker) -> time of the last expired pick
         self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
         self._full_queues: set[tuple[str, str]] = set()  # (alias, queue) whose last claim came back full
+        self._turn_stalled: dict[tuple[str, str], float] = {}  # (alias, queue) -> when its turn last failed to come
+
+    def take_turns(self, key: tuple[str, str]) -> bool:
+        """Whether claims of this (alias, queue) wait for their turn: not for a while after one never came."""
+        with self._lock:
+            stalled = self._turn_stalled.get(key)
+            return stalled is None or time.monotonic() - stalled >= CLAIM_TURN_STALL_S
+
+    def turn_came(self, key: tuple[str, str], came: bool) -> None:
+        with self._lock:
+            if came:
+                self._turn_stalled.pop(key, None)
+            else:
+                self._turn_stalled[key] = time.monotonic()
 
     def look_expired(self, key: tuple[str, str, str], now_ms: int) -> str | None:
         """None: no look this claim; ``"read first"``: a busy worker's look; ``"pick"``: pick at once."""
@@ -190,20 +208,23 @@ class MySQLDialect(Dialect):
 
     @contextlib.contextmanager
     def _claim_turn(self, queue: str) -> Iterator[None]:
-        """This session's turn to claim ``queue`` (``_CLAIM_TURN``), or none after ``CLAIM_TURN_WAIT_S``.
+        """This session's turn to claim ``queue`` (``_CLAIM_TURN``): none after ``CLAIM_TURN_WAIT_S``, nor asked for a while then.
 
         Given back when the claim has updated its rows. Inside a completion's transaction that is
         before the commit: the next claimer may pass over this one batch while it is still locked,
         where holding the turn until the caller commits would keep every claimer waiting on the
         completion's own statements too.
         """
-        took = self.fetchall(f"SELECT GET_LOCK({_CLAIM_TURN}, %s)", (queue, CLAIM_TURN_WAIT_S))[0][0] == 1
+        key = (self.connection.alias, queue)
+        took = False
+        if _claims.take_turns(key):
+            took = self.fetchall(f"SELECT GET_LOCK({_CLAIM_TURN}, %s)", (queue, CLAIM_TURN_WAIT_S))[0][0] == 1
+            _claims.turn_came(key, took)
         try:
             yield
         finally:
-            if took:  # through the driver's cursor: a broken transaction must give the turn back too
-                with self.connection.connection.cursor() as cursor:
-                    cursor.execute(f"DO RELEASE_LOCK({_CLAIM_TURN})", (queue,))
+            if took:
+                self._release(_CLAIM_TURN, queue)
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         marks = ", ".join(["%s"] * len(picks))
@@ -281,11 +302,23 @@ class MySQLDialect(Dialect):
             yield
         finally:
             if took:
-                # A named lock belongs to the session, not the transaction: it must be given back
-                # even when an error inside (a deadlock) broke the transaction, where Django
-                # refuses queries until the atomic block ends, so the driver's cursor is used.
-                with self.connection.connection.cursor() as cursor:
-                    cursor.execute(f"DO RELEASE_LOCK({_TURN})", (key,))
+                self._release(_TURN, key)
+
+    def _release(self, name: str, param: str) -> None:
+        """Give back the named lock ``name`` (an SQL expression of ``param``), whatever state the transaction is in.
+
+        A named lock belongs to the session, not the transaction: it must be given back even when
+        an error inside (a deadlock) broke the transaction, where Django refuses queries until the
+        atomic block ends, so the driver's cursor is used. When the session itself is gone, so is
+        the lock: the driver's error then must not replace the error that ended the session, which
+        the caller's retry recognizes.
+        """
+        try:
+            with self.connection.connection.cursor() as cursor:
+                cursor.execute(f"DO RELEASE_LOCK({name})", (param,))
+        except self.connection.Database.Error:
+            if self.connection.is_usable():
+                raise
 
     def pack_arguments(self, arguments: Sequence[str]) -> Any:
         return json.dumps(list(arguments), ensure_ascii=False)

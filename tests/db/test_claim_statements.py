@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_durq.db import dialect_for, wakeup
 from django_durq.models import Job, Status
@@ -186,7 +186,7 @@ def test_the_watcher_reads_due_jobs_only_for_queues_not_claimed_in_full():
 def test_claimers_of_a_queue_take_turns_and_a_stalled_turn_stops_nobody(monkeypatch):
     from django_durq.db import mysql
 
-    jobs.noop.enqueue_many([{"n": n} for n in range(4)])
+    jobs.noop.enqueue_many([{"n": n} for n in range(6)])
     dialect = dialect_for(connection)
     other = connection.get_new_connection(connection.get_connection_params())  # another worker's session
     turn = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', 'default')))"
@@ -207,11 +207,46 @@ def test_claimers_of_a_queue_take_turns_and_a_stalled_turn_stops_nobody(monkeypa
 
         cursor.execute(f"SELECT GET_LOCK({turn}, 0)")
         assert cursor.fetchone()[0] == 1  # held by a session stalled in its claim
-        monkeypatch.setattr(mysql, "CLAIM_TURN_WAIT_S", 0.2)
+        monkeypatch.setattr(mysql, "CLAIM_TURN_WAIT_S", 0.5)
+        monkeypatch.setattr(mysql, "CLAIM_TURN_STALL_S", 60.0)
         started = time.monotonic()
-        late = dialect.claim("default", 2, NOW, worker())
-        assert len(late) == 2 and time.monotonic() - started >= 0.2  # it waited, then claimed without its turn
+        late = dialect.claim("default", 1, NOW, worker())
+        assert len(late) == 1 and time.monotonic() - started >= 0.5  # it waited, then claimed without its turn
+        sent = Sent()
+        with connection.execute_wrapper(sent):
+            next_one = dialect.claim("default", 1, NOW, worker())
+        assert len(next_one) == 1 and not any("GET_LOCK" in text for text in sent.texts)  # claims side by side a while
         cursor.execute(f"SELECT IS_USED_LOCK({turn}) = CONNECTION_ID()")
         assert cursor.fetchone()[0] == 1  # and took nothing from the holder
+
+        monkeypatch.setattr(mysql, "CLAIM_TURN_STALL_S", 0.0)  # the while is over: it asks again
+        cursor.execute(f"DO RELEASE_LOCK({turn})")
+        with connection.execute_wrapper(sent):
+            dialect.claim("default", 1, NOW, worker())
+        assert any("GET_LOCK" in text for text in sent.texts)
     finally:
         other.close()
+
+
+@mariadb_only
+def test_a_session_lost_inside_a_claim_raises_djangos_error_for_the_retry():
+    """Giving the turn back on a session that is gone must not replace the error the caller retries on."""
+    from django.db import OperationalError
+
+    jobs.noop.enqueue_many([{"n": n} for n in range(2)])
+    dialect = dialect_for(connection)
+    other = connection.get_new_connection(connection.get_connection_params())
+    session = connection.cursor().connection.thread_id()
+
+    def cut_before_the_update(execute, sql, params, many, context):
+        if sql.startswith("UPDATE"):
+            other.cursor().execute(f"KILL CONNECTION {session}")
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(cut_before_the_update), pytest.raises(OperationalError), transaction.atomic():
+            dialect.claim("default", 2, NOW, worker())  # inside a transaction, as the dispatcher's claim with its counts
+    finally:
+        other.close()
+        connection.close()
+    assert Job.objects.filter(status=Status.RUNNING).count() == 0  # nothing claimed: the transaction died with its session
