@@ -12,7 +12,10 @@ concurrency 4, jobs/s from the first job's start to the last's), the enqueue-to-
 (200 jobs 20 ms apart, from the producer's commit to the handler's start, p50 and p99) and the
 anatomy of a 20,000-job drain (``workloads/anatomy.py``: CPU per job of the worker and its
 dispatcher, the dispatcher's statements, the server's CPU, time, WAL and buffers per job), whose
-figures the machine's load barely moves. All on Django's default connection settings
+figures the machine's load barely moves; and, asked for by name, the scaling curve
+(``workloads/scaling.py``: several ``durq_worker`` processes of a pool of 2 on PostgreSQL or
+MariaDB, at the points of ``--scaling-processes``, 4 and 16 by default, ``--scaling-jobs`` jobs
+each). All on Django's default connection settings
 (``BENCH_DURQ_PG_DEFAULTS=0`` in the environment measures the PostgreSQL guide's settings instead).
 The table gives each side's median over rounds with its min–max, and the ratio B/A of the rounds
 (median, min–max): a ratio whose range spans 1 is within the machine's noise.
@@ -32,10 +35,10 @@ from .adapters import SYSTEMS, Adapter
 from .core import builds, procs
 from .core.session import Session, Skip
 from .render import DB_LABEL
-from .workloads import anatomy, drain, latency
+from .workloads import anatomy, drain, latency, scaling
 
 DATABASES = ("sqlite", "postgres", "mysql")
-WORKLOADS = ("drain", "latency", "anatomy")
+WORKLOADS = ("drain", "latency", "anatomy", "scaling")
 DEFAULT_WORKLOADS = ("drain", "latency", "anatomy")
 ROUNDS = 5
 # A change is named only when every one of at least this many rounds agrees on its direction: an
@@ -43,6 +46,7 @@ ROUNDS = 5
 MIN_ROUNDS_TO_TELL = 3
 DRAIN_JOBS = 10_000
 CONCURRENCY = 4
+SCALING_PROCESSES = (4, 16)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,18 @@ FIGURES = (
     Figure("anatomy", "summary.wal_bytes_per_job", "WAL per job", "bytes", False, 0),
     Figure("anatomy", "summary.buffers_per_job", "buffers touched per job", "buffers", False, 1),
 )
+
+
+def scaling_figures(points: tuple[int, ...]) -> tuple[Figure, ...]:
+    """The scaling curve's figures: each point is a workload of its own (``scaling:16``)."""
+    return tuple(
+        figure
+        for processes in points
+        for figure in (
+            Figure(f"scaling:{processes}", "jobs_per_s", f"scaling {processes} × default:2", "jobs/s", True, 0),
+            Figure(f"scaling:{processes}", "server_cpu_ms_per_job", f"scaling {processes} × default:2, server CPU/job", "ms", False, 3),
+        )
+    )
 
 
 @dataclass
@@ -111,12 +127,19 @@ def run(session: Session, spec: str, databases: list[str], workloads: list[str],
     env = settings_env()
     measured: list[Measurement] = []
     unavailable: dict[str, str] = {}
+    points = session.options.extra.get("scaling_processes") or SCALING_PROCESSES
+    # The scaling curve's points are measured one at a time, each as a workload of its own.
+    steps = [
+        step for workload in workloads for step in ([f"scaling:{p}" for p in points] if workload == "scaling" else [workload])
+    ]
     for round_ in range(rounds):
         order = ("A", "B") if round_ % 2 == 0 else ("B", "A")
         for database in databases:
             if database in unavailable:
                 continue
-            for workload in workloads:
+            for workload in steps:
+                if workload.startswith("scaling:") and database not in scaling.DATABASES:
+                    continue
                 for side in order:
                     adapter = adapters[side]
                     session.say(f"-- round {round_ + 1}/{rounds}: {workload} on {database}, {side} ({adapter.label})")
@@ -130,11 +153,13 @@ def run(session: Session, spec: str, databases: list[str], workloads: list[str],
                     measured.append(found)
                     record = {"side": side, "revision": (side_a if side == "A" else side_b).revision, "round": round_}
                     record |= {"jobs": jobs, "concurrency": CONCURRENCY} if workload == "drain" else {}
+                    if workload.startswith("scaling:"):
+                        record |= {"processes": int(workload.split(":")[1]), "jobs": session.options.scaling_jobs}
                     session.record(f"compare-{workload}", adapter, database, record, round_, found.metrics, [found.load])
                     session.say(f"   {_brief(found)}")
                 if database in unavailable:
                     break
-    table = render(measured, side_a, side_b, databases, workloads, rounds, jobs, env)
+    table = render(measured, side_a, side_b, databases, workloads, rounds, jobs, env, points, session.options.scaling_jobs)
     for database, reason in unavailable.items():
         table += f"\n{DB_LABEL[database]} skipped: {reason}\n"
     out = session.results_path.with_suffix(".compare.md")
@@ -152,6 +177,9 @@ def _measure(
             metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, f"cmp-r{round_}", env=env)
         elif workload == "anatomy":
             metrics = anatomy.measure(session, adapter, database, max(jobs, anatomy.JOBS))
+        elif workload.startswith("scaling:"):
+            processes = int(workload.split(":")[1])
+            metrics = scaling.measure(session, adapter, database, processes, session.options.scaling_jobs, round_)
         else:
             metrics = latency.measure(session, adapter, database, round_, with_idle=False, env=env)
     except (RuntimeError, OSError) as error:
@@ -165,6 +193,9 @@ def _brief(found: Measurement) -> str:
         return f"ERROR: {metrics['error'][-1500:]}"
     if found.workload == "drain":
         return f"{metrics.get('jobs_per_s') or 0:,.0f} jobs/s (load {found.load:.2f})"
+    if found.workload.startswith("scaling:"):
+        server = metrics.get("server_cpu_ms_per_job") or 0
+        return f"{metrics.get('jobs_per_s') or 0:,.0f} jobs/s, server {server:.3f} ms/job (load {found.load:.2f})"
     if found.workload == "anatomy":
         return ", ".join(f"{name} {value:,.1f}" for name, value in metrics.get("summary", {}).items())
     return f"p50 {metrics.get('p50_ms') or 0:.2f} ms, p99 {metrics.get('p99_ms') or 0:.2f} ms (load {found.load:.2f})"
@@ -239,11 +270,14 @@ def render(
     rounds: int,
     jobs: int,
     env: dict[str, str],
+    points: tuple[int, ...] = SCALING_PROCESSES,
+    scaling_jobs: int = 0,
 ) -> str:
     header = ["figure", f"A: {side_a.label}", f"B: {side_b.label}", "B/A", "change"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    figures = FIGURES + scaling_figures(points)
     for workload in workloads:
-        for figure in (figure for figure in FIGURES if figure.workload == workload):
+        for figure in (figure for figure in figures if figure.workload.split(":")[0] == workload):
             for database in databases:
                 row = rows_for(measured, database, figure, rounds)
                 if row is not None:
@@ -260,6 +294,11 @@ def render(
         what.append(
             f"latency of {latency.JOBS} jobs {latency.GAP_MS} ms apart, from the enqueue call's return (after its commit)"
             " to the handler's start"
+        )
+    if "scaling" in workloads:
+        what.append(
+            f"the scaling workload's points of {', '.join(map(str, points))} worker processes of a pool of 2,"
+            f" {scaling_jobs:,} jobs each"
         )
     if "anatomy" in workloads:
         server = "; PostgreSQL on a server of the harness's own with pg_stat_statements" if "postgres" in databases else ""

@@ -36,8 +36,11 @@ RELEASE_LEAD_S = 2.0
 RELEASE_JOBS_PER_S = 50_000
 
 
+DATABASES = ("postgres", "mysql")  # where several processes share one server
+
+
 def applies(adapter: Adapter, database: str) -> bool:
-    return adapter.name == "durq" and database in ("postgres", "mysql")
+    return adapter.name == "durq" and database in DATABASES
 
 
 def run(session: Session, adapter: Adapter, database: str) -> None:

@@ -76,7 +76,7 @@ CLAIM_TURN_STALL_S = 10.0
 
 
 class _Claims:
-    """What this process's last claims of each queue found: when to look for expired leases again."""
+    """What this process's last claims of each queue found: when to look for expired leases again, whether to take turns."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
