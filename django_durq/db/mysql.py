@@ -66,10 +66,12 @@ EXPIRED_LOOK_MS = 500
 # head of the claim index past the others' locked batches, and so many sessions at work starved
 # purge of the entries claims had moved out of the waiting range: with 16 processes every claim
 # walked thousands of them, and the drain fell to a third of 2 processes'. The turn orders claims;
-# it guards nothing. A claim that waited ``CLAIM_TURN_WAIT_S`` goes ahead without it, and its
-# process's claims of that queue then go side by side for ``CLAIM_TURN_STALL_S`` before they ask
-# again: a holder stalled in its claim (a paused process, whose session keeps its locks) costs each
-# other process a second per ``CLAIM_TURN_STALL_S`` and stops none of them.
+# it guards nothing. A claim that waited ``CLAIM_TURN_WAIT_S`` goes ahead without it. When the same
+# session held the turn through two such waits in a row, it is stalled in its claim (a paused
+# process, whose session keeps its locks), and this process's claims of that queue go side by side
+# for ``CLAIM_TURN_STALL_S`` before they ask again: a stalled holder costs each other process two
+# seconds per ``CLAIM_TURN_STALL_S`` and stops none of them. A turn that only moves slowly (many
+# processes on a loaded machine) passes from session to session and is still waited for.
 _CLAIM_TURN = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', %s)))"
 CLAIM_TURN_WAIT_S = 1.0
 CLAIM_TURN_STALL_S = 10.0
@@ -83,20 +85,27 @@ class _Claims:
         self._looked: dict[tuple[str, str, str], int] = {}  # (alias, queue, worker) -> time of the last expired pick
         self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
         self._full_queues: set[tuple[str, str]] = set()  # (alias, queue) whose last claim came back full
-        self._turn_stalled: dict[tuple[str, str], float] = {}  # (alias, queue) -> when its turn last failed to come
+        self._turn_missed: dict[tuple[str, str], int] = {}  # (alias, queue) -> who held the turn last waited for in vain
+        self._turn_stalled: dict[tuple[str, str], float] = {}  # (alias, queue) -> when that session was seen holding it twice
 
     def take_turns(self, key: tuple[str, str]) -> bool:
-        """Whether claims of this (alias, queue) wait for their turn: not for a while after one never came."""
+        """Whether claims of this (alias, queue) wait for their turn: not for a while after its holder stalled."""
         with self._lock:
             stalled = self._turn_stalled.get(key)
             return stalled is None or time.monotonic() - stalled >= CLAIM_TURN_STALL_S
 
-    def turn_came(self, key: tuple[str, str], came: bool) -> None:
+    def turn_missed(self, key: tuple[str, str], holder: int | None) -> None:
+        """The turn did not come: ``holder`` (a session's id, None once free) held it at the end of the wait."""
         with self._lock:
-            if came:
-                self._turn_stalled.pop(key, None)
-            else:
+            if holder is not None and self._turn_missed.pop(key, None) == holder:
                 self._turn_stalled[key] = time.monotonic()
+            elif holder is not None:
+                self._turn_missed[key] = holder
+
+    def turn_came(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._turn_missed.pop(key, None)
+            self._turn_stalled.pop(key, None)
 
     def look_expired(self, key: tuple[str, str, str], now_ms: int) -> str | None:
         """None: no look this claim; ``"read first"``: a busy worker's look; ``"pick"``: pick at once."""
@@ -208,7 +217,7 @@ class MySQLDialect(Dialect):
 
     @contextlib.contextmanager
     def _claim_turn(self, queue: str) -> Iterator[None]:
-        """This session's turn to claim ``queue`` (``_CLAIM_TURN``): none after ``CLAIM_TURN_WAIT_S``, nor asked for a while then.
+        """This session's turn to claim ``queue``, or none after ``CLAIM_TURN_WAIT_S`` or while its holder is stalled.
 
         Given back when the claim has updated its rows. Inside a completion's transaction that is
         before the commit: the next claimer may pass over this one batch while it is still locked,
@@ -218,8 +227,14 @@ class MySQLDialect(Dialect):
         key = (self.connection.alias, queue)
         took = False
         if _claims.take_turns(key):
-            took = self.fetchall(f"SELECT GET_LOCK({_CLAIM_TURN}, %s)", (queue, CLAIM_TURN_WAIT_S))[0][0] == 1
-            _claims.turn_came(key, took)
+            # Left to right: the holder is read once the wait has ended.
+            turn = f"SELECT GET_LOCK({_CLAIM_TURN}, %s), IS_USED_LOCK({_CLAIM_TURN})"
+            came, holder = self.fetchall(turn, (queue, CLAIM_TURN_WAIT_S, queue))[0]
+            took = came == 1
+            if took:
+                _claims.turn_came(key)
+            else:
+                _claims.turn_missed(key, holder)
         try:
             yield
         finally:
