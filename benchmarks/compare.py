@@ -81,8 +81,8 @@ def scaling_figures(points: tuple[int, ...]) -> tuple[Figure, ...]:
         figure
         for processes in points
         for figure in (
-            Figure(f"scaling:{processes}", "jobs_per_s", f"scaling {processes} × default:2", "jobs/s", True, 0),
-            Figure(f"scaling:{processes}", "server_cpu_ms_per_job", f"scaling {processes} × default:2, server CPU/job", "ms", False, 3),
+            Figure(f"scaling:{processes}", "jobs_per_s", f"scaling {processes} × 2", "jobs/s", True, 0),
+            Figure(f"scaling:{processes}", "server_cpu_ms_per_job", f"scaling {processes} × 2, server CPU", "ms/job", False, 3),
         )
     )
 

@@ -57,8 +57,13 @@ LIMIT 1
 # claim after this long (in the claims' own time); a busy worker thus still takes a lost worker's
 # jobs within this of their expiry, well inside the bound of lease + ``POLL_INTERVAL`` + 1 s.
 # A busy worker's look reads first, without locking, whether any lease ran out: locking each
-# running row as it passed, the pick made every other worker's completion of that row wait.
+# running row as it passed, the pick made every other worker's completion of that row wait. And
+# only one busy worker of all looks in each such span of the database's clock (a named lock per
+# queue and span, ``_LOOK``, kept by the session that took it until it takes the next): each look
+# walks every process's running rows, so one per process made the looks' cost grow with the square
+# of the processes (with 16, a quarter of the pages the drain read).
 EXPIRED_LOOK_MS = 500
+_LOOK = "CONCAT('durq-look:', SHA1(CONCAT(DATABASE(), ':', %s, ':', %s)))"
 
 
 # Claimers of one queue take turns: a named lock per database and queue, waited for in GET_LOCK,
@@ -86,6 +91,7 @@ class _Claims:
         self._full: dict[tuple[str, str, str], bool] = {}  # the last claim took all it asked for
         self._full_queues: set[tuple[str, str]] = set()  # (alias, queue) whose last claim came back full
         self._turn_missed: dict[tuple[str, str], int] = {}  # (alias, queue) -> who held the turn last waited for in vain
+        self._look_span: dict[tuple[str, str, str], int] = {}  # (alias, queue, worker) -> the span of its last ask
         self._turn_stalled: dict[tuple[str, str], float] = {}  # (alias, queue) -> when that session was seen holding it twice
 
     def take_turns(self, key: tuple[str, str]) -> bool:
@@ -116,6 +122,13 @@ class _Claims:
                 return None
             self._looked[key] = now_ms
             return "read first" if full else "pick"
+
+    def look_span(self, key: tuple[str, str, str], span: int) -> int | None:
+        """Note that this worker's session asks for ``span``'s look of the queue; the span it asked for before."""
+        with self._lock:
+            before = self._look_span.get(key)
+            self._look_span[key] = span
+            return before
 
     def took(self, key: tuple[str, str, str], full: bool) -> None:
         with self._lock:
@@ -207,6 +220,8 @@ class MySQLDialect(Dialect):
         with self._claim_turn(queue), transaction.atomic(using=self.connection.alias, savepoint=False):
             rows = []
             look = _claims.look_expired(key, now_ms)
+            if look == "read first" and not self._first_to_look(key, now_ms):
+                look = None
             if look == "pick" or (look == "read first" and self.fetchall(_ANY_EXPIRED, (queue, now_ms))):
                 rows = self.fetchall(_PICK_EXPIRED, (queue, now_ms, queue, limit))
             if len(rows) < limit:
@@ -214,6 +229,18 @@ class MySQLDialect(Dialect):
             jobs = self._take(rows, now_ms, worker_id)
         _claims.took(key, len(jobs) >= limit)
         return jobs
+
+    def _first_to_look(self, key: tuple[str, str, str], now_ms: int) -> bool:
+        """Whether this worker is the first busy one to look for expired leases of the queue in this span."""
+        queue = key[1]
+        span = now_ms // EXPIRED_LOOK_MS
+        before = _claims.look_span(key, span)
+        if before == span:
+            return False  # asked already (the clock stepped back): whoever took this span looks
+        if before is None:
+            return self.fetchall(f"SELECT GET_LOCK({_LOOK}, 0)", (queue, span))[0][0] == 1
+        # The span asked for before is given back in the same round trip: a session keeps at most one.
+        return self.fetchall(f"SELECT GET_LOCK({_LOOK}, 0), RELEASE_LOCK({_LOOK})", (queue, span, queue, before))[0][0] == 1
 
     @contextlib.contextmanager
     def _claim_turn(self, queue: str) -> Iterator[None]:
@@ -331,7 +358,7 @@ class MySQLDialect(Dialect):
         try:
             with self.connection.connection.cursor() as cursor:
                 cursor.execute(f"DO RELEASE_LOCK({name})", (param,))
-        except self.connection.Database.Error:
+        except Exception:  # the driver's own error: Django's wrapper is bypassed
             if self.connection.is_usable():
                 raise
 

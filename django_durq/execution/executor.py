@@ -91,7 +91,7 @@ class Executor(Recording):
         self.unknown_types = UnknownTypes(store, clock, worker_id)
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
-        if ctx.lease_lost:
+        if not ctx.wait_confirmed():
             ctx.settle()
             return LOST  # lost while it waited in a buffer: never started, nothing to record
         errors = error_list(job.errors)

@@ -30,6 +30,8 @@ SHUTDOWN = "shutdown"
 # The reasons a worker asks a handler to stop although its job is still its own: a handler that
 # returns after hearing one of them hands its job back, attempt not counted.
 HAND_BACK_REASONS = (SHUTDOWN, LEASE_AT_RISK, PRESENCE_LOST)
+# How often a job whose lease is unconfirmed looks again, before it starts, whether a renewal got through.
+CONFIRM_WAIT_S = 0.05
 
 
 # Guards JobContext.settle(); contention is rare (a timeout racing a return), so one lock serves all.
@@ -151,6 +153,19 @@ class JobContext:
     def lease_at_risk(self) -> bool:
         """No renewal got through for long enough that the lease may lapse before the next one."""
         return time.monotonic() >= self.at_risk_from
+
+    def wait_confirmed(self) -> bool:
+        """Before the handler starts: wait while no renewal has confirmed the lease lately; False if lost meanwhile.
+
+        A job claimed ahead may wait in a buffer while renewals fail (a locked or unreachable
+        database) until its lease could have run out and another worker taken it: started then,
+        it would run beside that worker's attempt. It starts once a renewal confirms the lease or,
+        found lost, never; a worker stopping meanwhile leaves it unstarted too, for its lease to expire.
+        """
+        while not self.lease_lost and (self.lease_at_risk() or self.presence_lost()):
+            if self._shutdown.wait(CONFIRM_WAIT_S):
+                return False
+        return not self.lease_lost
 
     def presence_lost(self) -> bool:
         """This worker's presence lock may have been released since the lease was last confirmed.

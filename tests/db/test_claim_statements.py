@@ -251,3 +251,32 @@ def test_a_session_lost_inside_a_claim_raises_djangos_error_for_the_retry():
         other.close()
         connection.close()
     assert Job.objects.filter(status=Status.RUNNING).count() == 0  # nothing claimed: the transaction died with its session
+
+
+@mariadb_only
+def test_one_busy_worker_of_all_looks_for_expired_leases_in_each_half_second():
+    """Each look walks every process's running rows: the busy workers share one look per span of the clock."""
+    from django.db import connections
+
+    from django_durq.db.mysql import EXPIRED_LOOK_MS
+
+    jobs.noop.enqueue_many([{"n": n} for n in range(12)])
+    start = NOW + 100 * EXPIRED_LOOK_MS  # a span no other test asked for on these sessions
+    first, second = dialect_for(connection), dialect_for(other := connections.create_connection("default"))
+    try:
+        one, two = worker(), worker()
+        first.claim("default", 2, start, one)  # each worker's first claim picks at once, and comes back full
+        second.claim("default", 2, start, two)
+        sent = Sent()
+        with connection.execute_wrapper(sent), other.execute_wrapper(sent):
+            first.claim("default", 2, start + EXPIRED_LOOK_MS, one)  # the first busy worker of this span looks
+            second.claim("default", 2, start + EXPIRED_LOOK_MS, two)  # the other one of the same span does not
+        assert expired_reads(sent) == 1
+        sent.texts.clear()
+        with connection.execute_wrapper(sent), other.execute_wrapper(sent):
+            second.claim("default", 2, start + 2 * EXPIRED_LOOK_MS, two)  # the next span: the other one is first
+            first.claim("default", 2, start + 2 * EXPIRED_LOOK_MS, one)
+        assert expired_reads(sent) == 1
+        assert expired_picks(sent) == 0  # no lease ran out: nothing locked
+    finally:
+        other.close()

@@ -268,3 +268,56 @@ def test_the_keeper_renews_again_after_a_renewal_that_timed_out(faults):
     wait_until(lambda: Effect.objects.filter(job_id=later.pk).exists(), 10, "claims to resume")
     wait_until(lambda: Effect.objects.filter(job_id=running.pk).exists(), 30, "the job to finish")
     assert row(running.pk).claim_token == 1, worker.output()
+
+
+# --- a job claimed ahead starts only on a confirmed lease ----------------------------------------
+
+
+def test_a_job_claimed_ahead_starts_only_once_a_renewal_confirms_its_lease(short):
+    """A job that waited in a buffer while no renewal got through (a locked database) may be another worker's by now.
+
+    Its slot waits for the next renewal: one that finds the job taken over ends the attempt unstarted, one that
+    confirms the lease starts it. Before, the slot started it at once: a model-based chaos run saw both workers
+    run one job to completion (SQLite, seed 1016: a writer stopped with the write lock held).
+    """
+    from django_durq.conf import get_settings
+    from django_durq.execution.executor import Executor
+    from django_durq.execution.outcomes import LOST
+    from django_durq.handlers.context import JobContext
+
+    clock = ManualClock(1_800_000_000_000)
+    with use_clock(clock):
+        jobs.effect.enqueue(tag="ahead")
+        jobs.effect.enqueue(tag="ahead")
+        store = Store("default")
+        claimed = store.claim("default", 2, clock.now_ms(), "worker-a")
+        stale = time.monotonic() - LEASE_S  # no renewal since the claim, a whole lease ago
+        shutdown = threading.Event()
+        contexts = {
+            job.id: JobContext(job, worker_id="worker-a", store=store, clock=clock, shutdown=shutdown, claimed_mono=stale)
+            for job in claimed
+        }
+        executor = Executor(store, get_settings(), clock, "worker-a")
+        outcomes: dict[int, str] = {}
+
+        def run(job) -> None:
+            outcomes[job.id] = executor.run(job, contexts[job.id])
+            connections.close_all()
+
+        slots = [threading.Thread(target=run, args=(job,)) for job in claimed]
+        for slot in slots:
+            slot.start()
+        time.sleep(0.5)
+        assert not Effect.objects.exists() and not outcomes  # neither started: their leases are at risk
+
+        clock.advance(LEASE_S * 1000 + 1)  # the database's leases ran out
+        (taken,) = store.claim("default", 1, clock.now_ms(), "worker-b")  # another worker takes one over
+        asked = time.monotonic()
+        renewal = store.renew([ctx.lease for ctx in contexts.values()], clock)
+        for ctx in contexts.values():
+            ctx.apply_renewal(renewal, asked)
+        for slot in slots:
+            slot.join(10)
+        kept = next(job.id for job in claimed if job.id != taken.id)
+        assert outcomes[taken.id] == LOST
+        assert list(Effect.objects.values_list("job_id", "token")) == [(kept, 1)]  # the confirmed one ran, once
