@@ -226,7 +226,7 @@ def fresh_claim_memory() -> Iterator[None]:
     """Each test starts with no memory of earlier claims: MariaDB's claims remember, per process,
     when each (queue, worker) last looked for expired leases, and tests reuse worker names and
     clock times, so a memory left by one test would skip the look in the next."""
-    from django_durq.db import mysql
+    from django_durq.db import mysql_claims
 
-    mysql._claims.__init__()  # type: ignore[misc]
+    mysql_claims.claims.__init__()  # type: ignore[misc]
     yield

@@ -44,7 +44,8 @@ from ..clock import now_ms
 from ..db import dialect_for, wakeup
 from ..db.base import own_connection
 from ..db.doorbell import Bell
-from ..db.mysql import NEWEST_JOB, claiming, watcher_look
+from ..db.mysql import NEWEST_JOB, watcher_look
+from ..db.mysql_claims import claiming
 from ..db.postgresql import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_durq")

@@ -184,10 +184,15 @@ def test_the_watcher_reads_due_jobs_only_for_queues_not_claimed_in_full():
 
 @mariadb_only
 def test_claimers_of_a_queue_take_turns_and_a_stalled_turn_stops_nobody(monkeypatch):
-    from django_durq.db import mysql
+    from django_durq.db import mysql, mysql_claims
 
-    jobs.noop.enqueue_many([{"n": n} for n in range(7)])
+    jobs.noop.enqueue_many([{"n": n} for n in range(9)])
     dialect = dialect_for(connection)
+    busy = worker()
+    sent = Sent()
+    with connection.execute_wrapper(sent):
+        dialect.claim("default", 1, NOW, busy)  # no backlog seen yet: no turn to ask for; full
+    assert not any("GET_LOCK" in text for text in sent.texts)
     other = connection.get_new_connection(connection.get_connection_params())  # another worker's session
     turn = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', 'default')))"
     cursor = other.cursor()
@@ -197,7 +202,7 @@ def test_claimers_of_a_queue_take_turns_and_a_stalled_turn_stops_nobody(monkeypa
 
         monkeypatch.setattr(mysql, "CLAIM_TURN_WAIT_S", 30.0)
         claimed: list[int] = []
-        waiter = threading.Thread(target=lambda: claimed.extend(job.id for job in dialect.claim("default", 2, NOW, worker())))
+        waiter = threading.Thread(target=lambda: claimed.extend(job.id for job in dialect.claim("default", 2, NOW, busy)))
         waiter.start()
         waiter.join(0.5)
         assert waiter.is_alive() and claimed == []  # waits for its turn
@@ -208,22 +213,22 @@ def test_claimers_of_a_queue_take_turns_and_a_stalled_turn_stops_nobody(monkeypa
         cursor.execute(f"SELECT GET_LOCK({turn}, 0)")
         assert cursor.fetchone()[0] == 1  # held by a session stalled in its claim
         monkeypatch.setattr(mysql, "CLAIM_TURN_WAIT_S", 0.5)
-        monkeypatch.setattr(mysql, "CLAIM_TURN_STALL_S", 60.0)
+        monkeypatch.setattr(mysql_claims, "CLAIM_TURN_STALL_S", 60.0)
         for _ in range(2):  # the same holder through two waits: stalled
             started = time.monotonic()
-            late = dialect.claim("default", 1, NOW, worker())
+            late = dialect.claim("default", 1, NOW, busy)
             assert len(late) == 1 and time.monotonic() - started >= 0.5  # it waited, then claimed without its turn
-        sent = Sent()
+        sent.texts.clear()
         with connection.execute_wrapper(sent):
-            next_one = dialect.claim("default", 1, NOW, worker())
+            next_one = dialect.claim("default", 1, NOW, busy)
         assert len(next_one) == 1 and not any("GET_LOCK" in text for text in sent.texts)  # claims side by side a while
         cursor.execute(f"SELECT IS_USED_LOCK({turn}) = CONNECTION_ID()")
         assert cursor.fetchone()[0] == 1  # and took nothing from the holder
 
-        monkeypatch.setattr(mysql, "CLAIM_TURN_STALL_S", 0.0)  # the while is over: it asks again
+        monkeypatch.setattr(mysql_claims, "CLAIM_TURN_STALL_S", 0.0)  # the while is over: it asks again
         cursor.execute(f"DO RELEASE_LOCK({turn})")
         with connection.execute_wrapper(sent):
-            dialect.claim("default", 1, NOW, worker())
+            dialect.claim("default", 1, NOW, busy)
         assert any("GET_LOCK" in text for text in sent.texts)
     finally:
         other.close()
@@ -234,23 +239,28 @@ def test_a_session_lost_inside_a_claim_raises_djangos_error_for_the_retry():
     """Giving the turn back on a session that is gone must not replace the error the caller retries on."""
     from django.db import OperationalError
 
-    jobs.noop.enqueue_many([{"n": n} for n in range(2)])
+    jobs.noop.enqueue_many([{"n": n} for n in range(3)])
     dialect = dialect_for(connection)
+    busy = worker()
+    dialect.claim("default", 1, NOW, busy)  # full: its next claim takes its turn
     other = connection.get_new_connection(connection.get_connection_params())
     session = connection.cursor().connection.thread_id()
+    sent: list[str] = []
 
     def cut_before_the_update(execute, sql, params, many, context):
+        sent.append(sql)
         if sql.startswith("UPDATE"):
             other.cursor().execute(f"KILL CONNECTION {session}")
         return execute(sql, params, many, context)
 
     try:
         with connection.execute_wrapper(cut_before_the_update), pytest.raises(OperationalError), transaction.atomic():
-            dialect.claim("default", 2, NOW, worker())  # inside a transaction, as the dispatcher's claim with its counts
+            dialect.claim("default", 2, NOW, busy)  # inside a transaction, as the dispatcher's claim with its counts
     finally:
         other.close()
         connection.close()
-    assert Job.objects.filter(status=Status.RUNNING).count() == 0  # nothing claimed: the transaction died with its session
+    assert "GET_LOCK" in sent[0]  # the claim held its turn when its session was cut
+    assert Job.objects.filter(status=Status.RUNNING).count() == 1  # the first claim's: the second died with its session
 
 
 @mariadb_only
