@@ -85,10 +85,9 @@ def saturation(lines: list[Line], database: str) -> str:
     if server and last_server and last_processes > processes and last_server > server * GROWTH:
         text.append(
             f"From {processes} to {last_processes} processes the server's CPU per job grew {last_server / server:.1f}×, "
-            f"to {last_server:.3f} ms, and the claim p50 to {_fmt(median(last, 'claim_p50_ms'), 0)} ms"
-            + (" (on MariaDB, waiting for its turn included)" if database == "mysql" else "")
-            + f", with batches of about {_fmt(median(last, 'jobs_per_claim'))} jobs: more than sharing the cores "
-            "explains. What grows with the processes is measured in the profile findings below."
+            f"to {last_server:.3f} ms, and the claim p50 to {_fmt(median(last, 'claim_p50_ms'), 0)} ms, with batches "
+            f"of about {_fmt(median(last, 'jobs_per_claim'))} jobs: more than sharing the cores explains. What grows "
+            "with the processes, and what changed since, is measured in the profile findings below."
         )
     return " ".join(text)
 
