@@ -49,7 +49,7 @@ LIMIT 1
 """
 
 # The named locks of a busy worker's look for expired leases (per queue and span of the clock) and
-# of the claimers' turn (per queue); ``mysqlclaims.py`` says when each is asked for.
+# of the claimers' turn (per queue); ``mysql_claims.py`` says when each is asked for.
 _LOOK = "CONCAT('durq-look:', SHA1(CONCAT(DATABASE(), ':', %s, ':', %s)))"
 _CLAIM_TURN = "CONCAT('durq-claim:', SHA1(CONCAT(DATABASE(), ':', %s)))"
 
