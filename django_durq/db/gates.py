@@ -4,10 +4,11 @@ A limited claim counts what its limits allow and then claims, and two claimers c
 scope at once would both see its last free place. So each takes turns on what it counts:
 
 - the queue's own row, for the queue's pause state and its own limits (``max_running``, rate);
-- one row for every limit key, ``KEYS_GATE``, once its candidates include a job with a key. A
-  key is one scope across queues, and a claim learns its candidates' keys only as it reads them:
-  one turn for all keys needs no order among key locks and no row per key, and costs only
-  claimers of keyed jobs that count at the same moment, for the few statements of one claim.
+- one row for every limit key, ``KEYS_GATE``, taken by every limited claim after its queue's
+  turn. A key is one scope across queues, and a claim learns its candidates' keys only as it
+  reads them, under its turns: one turn for all keys needs no order among key locks and no row
+  per key, and is held for the few statements of one claim. It is shared by the limited claims
+  of every queue, so a claimer frozen while it holds it holds up theirs too (bounded below).
 
 The queue's turn is always taken first, then the keys' turn, so no two claimers wait on each
 other. Where writers are serialized (SQLite), the first write of the transaction is the turn.

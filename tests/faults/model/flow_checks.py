@@ -187,10 +187,21 @@ def _allowed(history: History, queue: str, ideal: float, period: int) -> float:
 
 
 def _touches(history: History, action: Action, queue: str, serving: set[int]) -> bool:
-    """Whether a fault could hold back the claims of ``queue``: it hit a worker that serves it."""
+    """Whether a fault could hold back the claims of ``queue``: it hit a worker that serves it, or one
+    that makes limited claims, whose turn for the limit keys every limited claim takes
+    (``db/gates.py``): a claimer stopped while it holds that turn holds up the others' limited claims."""
     if action.op.kind in ("kill", "stop"):
-        return queue in dict(history.scenario.workers[int(action.op.target)].queues)
+        served = dict(history.scenario.workers[int(action.op.target)].queues)
+        return queue in served or any(_claims_limited(history, other) for other in served)
     return action.op.kind == "stall" and action.result.get("locked") is not None and bool(serving & set(action.result["pids"]))
+
+
+def _claims_limited(history: History, queue: str) -> bool:
+    """Whether the workers' claims of ``queue`` are limited claims: it has limits, or jobs with a key."""
+    limits = history.queue_limits.get(queue, (None, None))
+    if limits != (None, None):
+        return True
+    return any(job.queue == queue and job.key for batch in history.scenario.batches for job in batch.jobs)
 
 
 def check_pause(history: History) -> list[Violation]:
