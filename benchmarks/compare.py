@@ -15,7 +15,9 @@ dispatcher, the dispatcher's statements, the server's CPU, time, WAL and buffers
 figures the machine's load barely moves; and, asked for by name, the scaling curve
 (``workloads/scaling.py``: several ``durq_worker`` processes of a pool of 2 on PostgreSQL or
 MariaDB, at the points of ``--scaling-processes``, 4 and 16 by default, ``--scaling-jobs`` jobs
-each). All on Django's default connection settings
+each) and the limits workload's variants (``workloads/limits.py``: the same drain with no limit, a
+per-key limit, a queue cap and a queue rate that never hold a job back, and a rate of 1,000/s that
+holds it back all along, whose figure is the rate delivered). All on Django's default connection settings
 (``BENCH_DURQ_PG_DEFAULTS=0`` in the environment measures the PostgreSQL guide's settings instead).
 The table gives each side's median over rounds with its min–max, and the ratio B/A of the rounds
 (median, min–max): a ratio whose range spans 1 is within the machine's noise.
@@ -35,10 +37,10 @@ from .adapters import SYSTEMS, Adapter
 from .core import builds, procs
 from .core.session import Session, Skip
 from .render import DB_LABEL
-from .workloads import anatomy, drain, latency, scaling
+from .workloads import anatomy, drain, latency, limits, scaling
 
 DATABASES = ("sqlite", "postgres", "mysql")
-WORKLOADS = ("drain", "latency", "anatomy", "scaling")
+WORKLOADS = ("drain", "latency", "anatomy", "scaling", "limits")
 DEFAULT_WORKLOADS = ("drain", "latency", "anatomy")
 ROUNDS = 5
 # A change is named only when every one of at least this many rounds agrees on its direction: an
@@ -73,6 +75,19 @@ FIGURES = (
     Figure("anatomy", "summary.wal_bytes_per_job", "WAL per job", "bytes", False, 0),
     Figure("anatomy", "summary.buffers_per_job", "buffers touched per job", "buffers", False, 1),
 )
+
+
+def limits_figures() -> tuple[Figure, ...]:
+    """The limits workload's figures: each variant is a workload of its own (``limits:per_key``)."""
+    names = {
+        "off": "limits: none",
+        "per_key": "limits: per key, never reached",
+        "queue_cap": "limits: queue cap, never reached",
+        "queue_rate": "limits: queue rate, never reached",
+    }
+    figures = [Figure(f"limits:{variant}", "jobs_per_s", name, "jobs/s", True, 0) for variant, name in names.items()]
+    held = f"limits: rate {limits.HELD_RATE:,}/s held, delivered"
+    return (*figures, Figure("limits:rate_held", "delivered_per_s", held, "jobs/s", True, 0))
 
 
 def scaling_figures(points: tuple[int, ...]) -> tuple[Figure, ...]:
@@ -128,10 +143,10 @@ def run(session: Session, spec: str, databases: list[str], workloads: list[str],
     measured: list[Measurement] = []
     unavailable: dict[str, str] = {}
     points = session.options.extra.get("scaling_processes") or SCALING_PROCESSES
-    # The scaling curve's points are measured one at a time, each as a workload of its own.
-    steps = [
-        step for workload in workloads for step in ([f"scaling:{p}" for p in points] if workload == "scaling" else [workload])
-    ]
+    # The scaling curve's points and the limits' variants are measured one at a time, each as a
+    # workload of its own.
+    expand = {"scaling": [f"scaling:{p}" for p in points], "limits": [f"limits:{v}" for v in limits.VARIANTS]}
+    steps = [step for workload in workloads for step in expand.get(workload, [workload])]
     for round_ in range(rounds):
         order = ("A", "B") if round_ % 2 == 0 else ("B", "A")
         for database in databases:
@@ -152,7 +167,8 @@ def run(session: Session, spec: str, databases: list[str], workloads: list[str],
                     found = _measure(session, adapter, side, database, workload, round_, jobs, env)
                     measured.append(found)
                     record = {"side": side, "revision": (side_a if side == "A" else side_b).revision, "round": round_}
-                    record |= {"jobs": jobs, "concurrency": CONCURRENCY} if workload == "drain" else {}
+                    drains = workload == "drain" or workload.startswith("limits:")
+                    record |= {"jobs": jobs, "concurrency": CONCURRENCY} if drains else {}
                     if workload.startswith("scaling:"):
                         record |= {"processes": int(workload.split(":")[1]), "jobs": session.options.scaling_jobs}
                     session.record(f"compare-{workload}", adapter, database, record, round_, found.metrics, [found.load])
@@ -180,6 +196,8 @@ def _measure(
         elif workload.startswith("scaling:"):
             processes = int(workload.split(":")[1])
             metrics = scaling.measure(session, adapter, database, processes, session.options.scaling_jobs, round_)
+        elif workload.startswith("limits:"):
+            metrics = limits.drain_variant(session, adapter, database, workload.split(":")[1], jobs, f"cmp-r{round_}", env)
         else:
             metrics = latency.measure(session, adapter, database, round_, with_idle=False, env=env)
     except (RuntimeError, OSError) as error:
@@ -192,6 +210,10 @@ def _brief(found: Measurement) -> str:
     if "error" in metrics:
         return f"ERROR: {metrics['error'][-1500:]}"
     if found.workload == "drain":
+        return f"{metrics.get('jobs_per_s') or 0:,.0f} jobs/s (load {found.load:.2f})"
+    if found.workload == "limits:rate_held":
+        return f"delivered {metrics.get('delivered_per_s') or 0:,.0f}/s of {limits.HELD_RATE:,}/s (load {found.load:.2f})"
+    if found.workload.startswith("limits:"):
         return f"{metrics.get('jobs_per_s') or 0:,.0f} jobs/s (load {found.load:.2f})"
     if found.workload.startswith("scaling:"):
         server = metrics.get("server_cpu_ms_per_job") or 0
@@ -275,7 +297,7 @@ def render(
 ) -> str:
     header = ["figure", f"A: {side_a.label}", f"B: {side_b.label}", "B/A", "change"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    figures = FIGURES + scaling_figures(points)
+    figures = FIGURES + scaling_figures(points) + limits_figures()
     for workload in workloads:
         for figure in (figure for figure in figures if figure.workload.split(":")[0] == workload):
             for database in databases:
@@ -300,6 +322,8 @@ def render(
             f"the scaling workload's points of {', '.join(map(str, points))} worker processes of a pool of 2,"
             f" {scaling_jobs:,} jobs each"
         )
+    if "limits" in workloads:
+        what.append(f"the limits workload's variants, each a drain of {jobs:,} jobs at concurrency {CONCURRENCY}")
     if "anatomy" in workloads:
         server = "; PostgreSQL on a server of the harness's own with pg_stat_statements" if "postgres" in databases else ""
         what.append(f"the anatomy of a drain of {max(jobs, anatomy.JOBS):,} jobs (benchmarks/workloads/anatomy.py{server})")

@@ -46,18 +46,15 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
     jobs = options.jobs
     for repeat in range(options.repeats):
         baseline: float | None = None
-        for variant, env in VARIANTS.items():
+        for variant in VARIANTS:
             load = procs.loadavg()
             t0 = time.monotonic()
             label = f"limits-{variant}-r{repeat}"
-            starts: list[float] = []
-            metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, label, env=env, starts=starts)
+            metrics = drain_variant(session, adapter, database, variant, jobs, label)
             rate = metrics.get("jobs_per_s")
-            if variant == "rate_held":
-                metrics.update(_delivered(starts))
-            elif variant == "off":
+            if variant == "off":
                 baseline = rate
-            elif rate and baseline:
+            elif variant != "rate_held" and rate and baseline:
                 metrics["ratio_to_off"] = rate / baseline
             params = {"jobs": jobs, "concurrency": CONCURRENCY, "variant": variant}
             session.record(NAME, adapter, database, params, repeat, metrics, load)
@@ -68,6 +65,19 @@ def run(session: Session, adapter: Adapter, database: str) -> None:
             )
             if "error" in metrics:
                 session.say(metrics["error"][-1500:])
+
+
+def drain_variant(
+    session: Session, adapter: Adapter, database: str, variant: str, jobs: int, label: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One variant's drain on a fresh database (``env``: settings both sides share); for ``rate_held``,
+    the rate delivered too."""
+    starts: list[float] = []
+    variant_env = (env or {}) | VARIANTS[variant]
+    metrics = drain.drain_once(session, adapter, database, jobs, CONCURRENCY, label, env=variant_env, starts=starts)
+    if variant == "rate_held" and "error" not in metrics:
+        metrics.update(_delivered(starts))
+    return metrics
 
 
 def _delivered(starts: list[float]) -> dict[str, Any]:
