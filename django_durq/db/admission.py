@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import places, starts
 from .rows import JOB
@@ -32,14 +31,18 @@ if TYPE_CHECKING:
 
 # How many rounds of candidates one claim reads at most while skipping jobs it may not start.
 ROUNDS = 8
-# Candidates read per round beyond the places left: some may belong to keys at their limit.
+# Candidates read in the first round beyond those the claim wants: some may belong to keys at
+# their limit. Keys known to be full are left out by the read itself, and a round that admits too
+# few reads on, so the first round reads little more than it admits: reading twice as many, as
+# every claim once did, was rows read and candidates judged for nothing where keys are plenty.
 SLACK = 16
 
 _COLUMNS = "id, limit_key, limit_running, limit_rate, limit_period_ms"
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
+    """A job a claim may admit, as its read returned it (a tuple: a claim builds hundreds per batch)."""
+
     id: int
     key: str | None
     max_running: int | None
@@ -88,6 +91,8 @@ class Admission:
 
     def queue_room(self) -> int | None:
         """How many more jobs the queue's own limits let start now; None when it has none."""
+        if self.limits.max_running is None and self.limits.rate is None:
+            return None
         rooms = []
         if self.limits.max_running is not None:
             rooms.append(self.limits.max_running - self.queue_running - self.taken_total)
@@ -144,7 +149,9 @@ class Admission:
             want = limit - len(accepted) if room is None else min(limit - len(accepted), room)
             if want <= 0:
                 break
-            count = want * 2 + SLACK
+            # Each round reads further than the last: where one key's jobs come in a block, a
+            # round's read finds a few keys that fill at once, and the next must look further.
+            count = (want + SLACK) * (round_ + 1)
             # Jobs whose lease expired are claimed again first (their worker is gone or cut off).
             rows = self._candidates(count, seen, expired=True) if round_ == 0 else []
             rows += self._candidates(count, seen, expired=False)
@@ -152,8 +159,10 @@ class Admission:
                 break
             self._meet(rows)
             for candidate in rows:
+                if len(accepted) == limit:
+                    break  # the claim is full: the rest were neither admitted nor held back
                 seen.add(candidate.id)
-                if len(accepted) < limit and self.queue_room() != 0 and self.admits(candidate):
+                if self.queue_room() != 0 and self.admits(candidate):
                     self.take(candidate)
                     accepted.append(candidate)
                     continue
@@ -212,7 +221,7 @@ class Admission:
             f"SELECT {_COLUMNS} FROM {JOB}{hint} WHERE queue = %s AND {where} ORDER BY {order} LIMIT %s",
             [*params, count],
         )
-        return [Candidate(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
+        return [Candidate._make(row) for row in rows]
 
     # --- what the claim leaves behind ---------------------------------------------------------
 

@@ -157,6 +157,35 @@ def test_a_key_at_its_limit_is_skipped_and_other_keys_start(clock):
     assert Job.objects.filter(pk=hot[1].pk, status="waiting", attempts=0).exists()
 
 
+# Keys and results travel to PostgreSQL as the text of an array literal: none may change on the way.
+ODD_TEXTS = ['with "quotes"', "back\\slash", "end\\", "a,b", "{braces}", "NULL", " spaced ", "it's", "ünï 键"]
+
+
+def test_keys_and_results_of_any_content_are_claimed_and_kept_as_written(clock):
+    queued = [keyed(key) for key in ODD_TEXTS]
+    claimed = claim(clock, limit=len(ODD_TEXTS))
+    assert sorted(job.id for job in claimed) == sorted(job.id for job in queued)  # each under the key it was counted with
+    assert claim(clock) == []  # and each key's place is held
+    dialect = Store("default").dialect
+    results = [f'"{text}"' if n % 2 else None for n, text in enumerate(ODD_TEXTS)]
+    kept = [((job.id, job.claim_token), clock.now_ms(), result) for job, result in zip(claimed, results, strict=True)]
+    assert dialect.finish_many(kept) == {lease for lease, _, _ in kept}
+    stored = dict(Job.objects.filter(pk__in=[job.id for job in claimed]).values_list("pk", "result"))
+    assert [stored[job.id] for job in claimed] == results
+
+
+def test_keys_whose_jobs_come_in_blocks_fill_one_claim(clock):
+    """A batch enqueued key by key (30 jobs of each of 20 keys): one claim still starts every key."""
+    for block in range(20):
+        for _ in range(30):
+            keyed(f"block-{block}")
+    claimed = claim(clock, limit=20)
+    assert len(claimed) == 20
+    assert {job.id for job in claimed} == {
+        Job.objects.filter(limit_key=f"block-{block}").order_by("id").values_list("id", flat=True)[0] for block in range(20)
+    }
+
+
 def test_a_fast_claim_leaves_limited_jobs_alone(clock):
     limited = keyed("a")
     plain = jobs.noop.enqueue()
