@@ -106,12 +106,14 @@ _PREPARED_CLAIMS = {
     "durq_claim": _CLAIM,
     "durq_claim_counted": _CLAIM_COUNTED,
     "durq_claim_counted_unflushed": _CLAIM_COUNTED_UNFLUSHED,
+    "durq_claim_ids": _CLAIM_IDS,
 }
 # The types of their parameters, declared: inferred from ``%s + job.lease_ms`` a time would be an integer.
 _CLAIM_TYPES = "varchar, bigint, varchar, bigint, varchar, bigint, varchar, bigint, bigint, varchar, bigint, bigint"
 _COUNT_TYPES = "bigint, varchar, bigint, varchar, varchar, varchar[], bigint[]"
 _TYPES = {"durq_claim": _CLAIM_TYPES, "durq_claim_counted": f"{_CLAIM_TYPES}, {_COUNT_TYPES}"}
 _TYPES["durq_claim_counted_unflushed"] = _TYPES["durq_claim_counted"]
+_TYPES["durq_claim_ids"] = "varchar, bigint, bigint, bigint[], text[], bigint[], bigint, bigint"
 # How the dispatcher runs each, written once: the claim is the hot path.
 _EXECUTE_CLAIM = {name: f"EXECUTE {name}({', '.join(['%s'] * (types.count(',') + 1))})" for name, types in _TYPES.items()}
 # The driver connections whose session has them prepared.
@@ -179,6 +181,16 @@ def _integers(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def _texts(values: Iterable[str | None]) -> str:
+    """An array of texts as the text of its literal (``%s::text[]``), for the same reason as ``_integers``.
+
+    Every element is quoted, with its double quotes and backslashes escaped, so a key or a result
+    of any content reads back as written; None is the array's NULL.
+    """
+    quoted = ("NULL" if value is None else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values)
+    return "{" + ",".join(quoted) + "}"
+
+
 def _distinct(leases: Sequence[Lease]) -> bool:
     """Whether these attempts are of distinct jobs (no job's id twice)."""
     return len({job_id for job_id, _ in leases}) == len(leases)
@@ -225,6 +237,8 @@ class PostgreSQLDialect(Dialect):
         else:
             rows = self.fetchall(sql, params)
         jobs = [ClaimedJob.from_row(row) for row in rows]
+        if name == "durq_claim_ids":
+            return jobs  # in the order the limited claim gives them (db/flow.py)
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
 
@@ -238,7 +252,8 @@ class PostgreSQLDialect(Dialect):
 
         Planning the claim costs more than running it (about 0.6 ms of the 1.7 ms a claim took on
         the benchmark machine after 20 ms idle), and Django's default client-side binding has the
-        server plan every statement anew. So the session prepares the claim once, with a generic
+        server plan every statement anew. So the session prepares its claims once (the fast claim, and
+        the limited claim's update of the jobs it admitted), each with a generic
         plan (left to choose, the server would go on planning it for each call's values), and the
         dispatcher sends ``EXECUTE`` with its arguments bound by the client, Django's default. A statement
         prepared on one server connection is missing on the next behind a transaction pooler, so
@@ -265,9 +280,8 @@ class PostgreSQLDialect(Dialect):
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         ids = _integers(job_id for job_id, _ in picks)
-        keys = [key or "" for _, key in picks]
-        rows = self.fetchall(_CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
-        return [ClaimedJob.from_row(row) for row in rows]
+        keys = _texts(key or "" for _, key in picks)
+        return self._claimed("durq_claim_ids", _CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = _integers(job_id for job_id, _ in leases)
@@ -309,7 +323,7 @@ class PostgreSQLDialect(Dialect):
         finished = _integers(finished_ms for _, finished_ms, _ in kept)
         results = [result for _, _, result in kept]
         if any(result is not None for result in results):
-            updated = self.execute(_FINISH_RESULTS, [finished, ids, results, ids, *held])
+            updated = self.execute(_FINISH_RESULTS, [finished, ids, _texts(results), ids, *held])
         else:
             updated = self.execute(_FINISH_NO_RESULT, [finished, ids, *held])
         if updated == len(kept):

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 
 from django_durq.clock import now_ms
@@ -25,6 +25,8 @@ from django_durq.db.store import Store
 from django_durq.models import Job
 from tests.conftest import db_vendor
 from tests.ledger import jobs
+
+PREPARED = {"durq_claim", "durq_claim_counted", "durq_claim_counted_unflushed", "durq_claim_ids"}
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -72,7 +74,7 @@ def test_the_dispatchers_session_claims_through_a_generic_plan_it_prepared_once(
     later = jobs.effect.using(run_in=timedelta(hours=1)).enqueue(tag="later")
     dialect_for(connection).prepare_dispatcher_connection()
     dialect_for(connection).prepare_dispatcher_connection()  # again on the same session: nothing to redo
-    assert set(prepared_claims()) == {"durq_claim", "durq_claim_counted", "durq_claim_counted_unflushed"}
+    assert set(prepared_claims()) == PREPARED
     assert claim(5) == [high.pk, low.pk]  # priority first; a job not yet due is left
     assert claim(5) == []
     row = Job.objects.get(pk=high.pk)
@@ -83,6 +85,18 @@ def test_the_dispatchers_session_claims_through_a_generic_plan_it_prepared_once(
     assert (generic, custom) == (2, 0)
 
 
+def test_the_limited_claim_runs_prepared_too_and_takes_only_jobs_under_the_key_counted():
+    first = jobs.one_per_key.enqueue(key="a", log="/dev/null")
+    second = jobs.one_per_key.enqueue(key="b", log="/dev/null")
+    dialect = dialect_for(connection)
+    dialect.prepare_dispatcher_connection()
+    with transaction.atomic():  # as a limited claim runs it, under its turns
+        claimed = dialect.claim_ids([(first.pk, "a"), (second.pk, "not b")], now_ms(), "test:1:claimer")
+    assert [job.id for job in claimed] == [first.pk]
+    assert Job.objects.get(pk=second.pk).status == "waiting"
+    assert prepared_claims()["durq_claim_ids"] == (1, 0)  # one generic plan run, none planned for its values
+
+
 def test_a_new_session_claims_by_text_until_it_is_prepared_again():
     dialect_for(connection).prepare_dispatcher_connection()
     connection.close()  # Django reconnects: the server forgot what the old session prepared
@@ -90,7 +104,7 @@ def test_a_new_session_claims_by_text_until_it_is_prepared_again():
     assert claim(1) == [job.pk]
     assert prepared_claims() == {}
     dialect_for(connection).prepare_dispatcher_connection()
-    assert set(prepared_claims()) == {"durq_claim", "durq_claim_counted", "durq_claim_counted_unflushed"}
+    assert set(prepared_claims()) == PREPARED
 
 
 @pytest.mark.parametrize("listen", [None, "elsewhere"])
