@@ -20,6 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from . import places
 from .ends import EndStatements
 from .flow import Outlook, claim_limited
+from .gates import KEYS_GATE
 
 # The dialects (postgresql.py, mysql.py, sqlite.py) import the row's names from here.
 from .rows import CLAIM_COLUMNS as CLAIM_COLUMNS
@@ -107,6 +108,14 @@ class Dialect(EndStatements):
             self.execute(self.insert_control, (queue, now_ms))
             rows = self.fetchall(lock, (queue,))
         return bool(rows[0][0])
+
+    def lock_gates(self, queue: str, now_ms: int, keys: bool) -> bool:
+        """Take the queue's turn, then (``keys``) the limit keys' turn, unless the queue is paused. True when paused."""
+        if self.lock_gate(queue, now_ms):
+            return True
+        if keys:
+            self.lock_gate(KEYS_GATE, now_ms)
+        return False
 
     def bound_turns(self) -> None:
         """In a claim's own transaction: bound the wait for a turn and the session's silence while it holds one.

@@ -87,9 +87,8 @@ def _claim_in_turn(
     clock: Clock | None,
     outlook: Outlook | None,
 ) -> list[ClaimedJob]:
-    if gates.take_queue_turn(dialect, queue, now_ms):
+    if gates.take_turns(dialect, queue, now_ms):
         return []  # paused
-    gates.take_keys_turn(dialect, now_ms)
     hooks.reach("in_turn", 0)  # a claimer frozen while it holds its turns
     if clock is not None:
         now_ms = max(now_ms, clock.now_ms())

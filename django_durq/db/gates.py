@@ -37,15 +37,11 @@ TURN_WAIT_S = 1
 TURN_HOLD_S = 10
 
 
-def take_queue_turn(dialect: Dialect, queue: str, now_ms: int) -> bool:
-    """Lock the queue's control row for this transaction; True when the queue is paused."""
-    return dialect.lock_gate(queue, now_ms)
-
-
-def take_keys_turn(dialect: Dialect, now_ms: int) -> None:
-    """Lock the turn of claimers that count limit keys, after the queue's turn."""
-    if not dialect.serialized_writes:
-        dialect.lock_gate(KEYS_GATE, now_ms)
+def take_turns(dialect: Dialect, queue: str, now_ms: int) -> bool:
+    """Lock the queue's control row, then the limit keys' turn, for this transaction; True when the
+    queue is paused (a paused queue's claim needs no keys' turn, and may or may not have taken it).
+    """
+    return dialect.lock_gates(queue, now_ms, keys=not dialect.serialized_writes)
 
 
 def is_paused(dialect: Dialect, queue: str) -> bool:

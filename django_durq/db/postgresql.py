@@ -6,7 +6,6 @@ another claimer has locked instead of queueing behind it.
 
 from __future__ import annotations
 
-import re
 import select
 import time
 import uuid
@@ -19,103 +18,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import get_settings
 from . import gates
-from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimCount, ClaimedJob, Dialect, Lease, Renewal, own_connection
+from . import postgresql_claims as claims
+from .base import JOB, ClaimCount, ClaimedJob, Dialect, Lease, Renewal, own_connection
 from .pooler import lends_sessions
 
-# What a claim writes: its parameters are the worker, then the claim time twice.
-_TAKE = f"""UPDATE {JOB} AS job SET
-    status = 'running',
-    attempts = job.attempts + 1,
-    claim_token = job.claim_token + 1,
-    claimed_by = %s,
-    started_ms = %s,
-    lease_expires_ms = %s + job.lease_ms,
-    reclaimed_from = CASE WHEN job.status = 'running' THEN job.claimed_by ELSE NULL END
-"""
-_RETURNING = "RETURNING " + ", ".join("job." + column for column in CLAIM_COLUMNS)
-
-# A CTE that locks rows is always materialized, so it works as an optimization fence: the
-# planner cannot fold the picking subquery into the UPDATE and lock more rows than it picks.
-# "id = ANY(ARRAY(...))" makes the update primary-key lookups whatever the table statistics say
-# (a join may hash a sequential scan of the whole table).
-_PICKED = f"""
-WITH expired AS (
-    SELECT id, priority, run_at_ms FROM {JOB}
-    WHERE queue = %s AND status = 'running' AND lease_expires_ms <= %s AND attempts < max_attempts
-        AND limit_key IS NULL AND {NOT_PAUSED}
-    ORDER BY lease_expires_ms LIMIT %s
-    FOR UPDATE SKIP LOCKED
-), due AS (
-    SELECT id, priority, run_at_ms FROM {JOB}
-    WHERE queue = %s AND status = 'waiting' AND run_at_ms <= %s AND limit_key IS NULL AND {NOT_PAUSED}
-    ORDER BY priority DESC, run_at_ms, id LIMIT %s
-    FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT %s
-)"""
-_TAKE_PICKED = f"{_TAKE}WHERE job.id = ANY(ARRAY(SELECT id FROM picked))"
-_CLAIM = f"{_PICKED}\n{_TAKE_PICKED}\n{_RETURNING}"
-
-# A claim that is a transaction of its own counts what it claims in the same statement, a
-# data-modifying CTE into its writer's rows of ``durq_counter`` (db/counters.py): claim and count
-# commit together in one round trip. Its parameters after the claim's: the claim time, then the
-# writer, the update time, the names of the started count and the wait's sum, the wait's bucket
-# names and their bounds in ms. An observation goes in the first bucket whose bound is not below
-# it: ``width_bucket`` counts the bounds at or below its operand, and times are whole ms.
-_CLAIM_COUNTED = f"""{_PICKED}, taken AS (
-{_TAKE_PICKED}
-{_RETURNING}
-), waited AS (
-    SELECT queue, name, GREATEST(%s - run_at_ms, 0) AS wait_ms FROM taken
-), counted AS (
-    INSERT INTO durq_counter AS counter (writer, queue, job_name, metric, value, updated_ms)
-    SELECT %s, queue, name, metric, SUM(amount)::bigint, %s
-    FROM waited CROSS JOIN LATERAL (VALUES
-        (%s::varchar, 1::bigint),
-        (%s::varchar, wait_ms),
-        ((%s::varchar[])[width_bucket(wait_ms - 1, %s::bigint[]) + 1], 1::bigint)
-    ) AS counts(metric, amount)
-    GROUP BY queue, name, metric
-    ON CONFLICT (writer, queue, job_name, metric)
-    DO UPDATE SET value = counter.value + excluded.value, updated_ms = excluded.updated_ms
-)
-SELECT * FROM taken
-"""
-
-# The same, committing without waiting for the server to flush its WAL record
-# (``synchronous_commit`` off for this transaction only, set in a one-time filter so that claim,
-# count and setting are one statement). See ``claim_counted``.
-_CLAIM_COUNTED_UNFLUSHED = _CLAIM_COUNTED.replace(
-    _TAKE_PICKED, _TAKE_PICKED + " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
-)
-
-# A limited claim's update of the jobs it admitted (db/flow.py). A row another transaction holds
-# (an enqueue replacing its arguments, an operator's cancel) is skipped, not waited for: the
-# claimer holds its queue's turn, and other claimers would wait with it.
-_CLAIM_IDS = f"""
-{_TAKE}WHERE job.id = ANY(ARRAY(
-    SELECT id FROM {JOB} WHERE id = ANY(%s::bigint[])
-        AND COALESCE(limit_key, '') = (%s::text[])[array_position(%s::bigint[], id)]
-        AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))
-    FOR UPDATE SKIP LOCKED))
-{_RETURNING}
-"""
-
-# The claims a dispatcher on a session of its own prepares, by name (see ``prepare_dispatcher_connection``).
-_PREPARED_CLAIMS = {
-    "durq_claim": _CLAIM,
-    "durq_claim_counted": _CLAIM_COUNTED,
-    "durq_claim_counted_unflushed": _CLAIM_COUNTED_UNFLUSHED,
-    "durq_claim_ids": _CLAIM_IDS,
-}
-# The types of their parameters, declared: inferred from ``%s + job.lease_ms`` a time would be an integer.
-_CLAIM_TYPES = "varchar, bigint, varchar, bigint, varchar, bigint, varchar, bigint, bigint, varchar, bigint, bigint"
-_COUNT_TYPES = "bigint, varchar, bigint, varchar, varchar, varchar[], bigint[]"
-_TYPES = {"durq_claim": _CLAIM_TYPES, "durq_claim_counted": f"{_CLAIM_TYPES}, {_COUNT_TYPES}"}
-_TYPES["durq_claim_counted_unflushed"] = _TYPES["durq_claim_counted"]
-_TYPES["durq_claim_ids"] = "varchar, bigint, bigint, bigint[], text[], bigint[], bigint, bigint"
-# How the dispatcher runs each, written once: the claim is the hot path.
-_EXECUTE_CLAIM = {name: f"EXECUTE {name}({', '.join(['%s'] * (types.count(',') + 1))})" for name, types in _TYPES.items()}
 # The driver connections whose session has them prepared.
 _PREPARED_ON: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -169,6 +75,9 @@ _ATTEMPTS_DISTINCT = "job_id = ANY(%s::bigint[]) AND claim_token = (%s::bigint[]
 _ATTEMPTS_PAIRS = "(job_id, claim_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))"
 # For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past the bound.
 _BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+# Both turns of a limited claim in one round trip. PostgreSQL sorts the rows before it locks them,
+# so the queue's row is locked first and the keys' turn second, the order every claimer keeps.
+_LOCK_TURNS = "SELECT queue, paused FROM durq_queue_control WHERE queue IN (%s, %s) ORDER BY queue = %s FOR UPDATE"
 _TURN_BOUNDS = "SELECT set_config('lock_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
 
 
@@ -210,7 +119,7 @@ class PostgreSQLDialect(Dialect):
     def claim(self, queue: str, limit: int, now_ms: int, worker_id: str) -> list[ClaimedJob]:
         """Claim up to ``limit`` due or expired jobs of ``queue``, within the caller's transaction."""
         params = (queue, now_ms, queue, limit, queue, now_ms, queue, limit, limit, worker_id, now_ms, now_ms)
-        return self._claimed("durq_claim", _CLAIM, params)
+        return self._claimed("durq_claim", claims.CLAIM, params)
 
     def claim_counted(self, queue: str, limit: int, now_ms: int, worker_id: str, count: ClaimCount) -> list[ClaimedJob]:
         """Claim as ``claim`` does, and count it, in one statement that is its own transaction.
@@ -226,14 +135,14 @@ class PostgreSQLDialect(Dialect):
         params += [now_ms, count.writer, count.updated_ms, count.started, count.wait_sum]
         params += [list(count.wait_buckets), list(count.wait_bounds_ms)]
         if get_settings().durable_claims:
-            return self._claimed("durq_claim_counted", _CLAIM_COUNTED, params)
-        return self._claimed("durq_claim_counted_unflushed", _CLAIM_COUNTED_UNFLUSHED, params)
+            return self._claimed("durq_claim_counted", claims.CLAIM_COUNTED, params)
+        return self._claimed("durq_claim_counted_unflushed", claims.CLAIM_COUNTED_UNFLUSHED, params)
 
     def _claimed(self, name: str, sql: str, params: Sequence[Any]) -> list[ClaimedJob]:
         """Run a claim: ``EXECUTE name`` where this session prepared it, else its text."""
         raw = self.connection.connection
         if raw is not None and raw in _PREPARED_ON:
-            rows = self.fetchall(_EXECUTE_CLAIM[name], params)
+            rows = self.fetchall(claims.EXECUTE[name], params)
         else:
             rows = self.fetchall(sql, params)
         jobs = [ClaimedJob.from_row(row) for row in rows]
@@ -241,6 +150,18 @@ class PostgreSQLDialect(Dialect):
             return jobs  # in the order the limited claim gives them (db/flow.py)
         jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
         return jobs
+
+    def lock_gates(self, queue: str, now_ms: int, keys: bool) -> bool:
+        if not keys:
+            return super().lock_gates(queue, now_ms, keys)
+        for _ in range(2):
+            turns = dict(self.fetchall(_LOCK_TURNS, (queue, gates.KEYS_GATE, gates.KEYS_GATE)))
+            if len(turns) == 2:
+                return bool(turns[queue])
+            for gate in (queue, gates.KEYS_GATE):
+                if gate not in turns:
+                    self.execute(self.insert_control, (gate, now_ms))  # made once; then locked in order
+        raise RuntimeError(f"durq: the control rows of queue {queue!r} and of the limit keys could not be made")
 
     def bound_turns(self) -> None:
         # For the rest of this transaction only, so that a transaction pooler's other clients keep their settings.
@@ -273,15 +194,15 @@ class PostgreSQLDialect(Dialect):
             return
         self.execute("SET plan_cache_mode = force_generic_plan")
         present = {row[0] for row in self.fetchall("SELECT name FROM pg_prepared_statements WHERE name LIKE 'durq%%'")}
-        for name, sql in _PREPARED_CLAIMS.items():
+        for name, sql in claims.PREPARED.items():
             if name not in present:  # else prepared by an earlier call on this session
-                self.execute(f"PREPARE {name}({_TYPES[name]}) AS {_numbered(sql)}")
+                self.execute(f"PREPARE {name}({claims.TYPES[name]}) AS {claims.numbered(sql)}")
         _PREPARED_ON.add(raw)
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         ids = _integers(job_id for job_id, _ in picks)
         keys = _texts(key or "" for _, key in picks)
-        return self._claimed("durq_claim_ids", _CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
+        return self._claimed("durq_claim_ids", claims.CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = _integers(job_id for job_id, _ in leases)
@@ -379,12 +300,6 @@ def _keeps_sessions(connection: BaseDatabaseWrapper) -> bool:
         return not lends_sessions(connection)
     except Exception:  # noqa: BLE001 - a session that cannot be vouched for gets no prepared statement
         return False
-
-
-def _numbered(sql: str) -> str:
-    """``sql`` with its ``%s`` placeholders written ``$1``, ``$2``, … as ``PREPARE`` takes them."""
-    numbers = iter(range(1, sql.count("%s") + 1))
-    return re.sub("%s", lambda _: f"${next(numbers)}", sql)
 
 
 def hears_notifications(listen: BaseDatabaseWrapper, send: BaseDatabaseWrapper, wait_s: float = PROBE_WAIT_S) -> bool:

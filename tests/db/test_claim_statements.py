@@ -18,7 +18,10 @@ import pytest
 from django.db import connection, transaction
 
 from django_durq.db import dialect_for, wakeup
-from django_durq.models import Job, Status
+from django_durq.db.base import own_connection
+from django_durq.db.flow import claim_limited
+from django_durq.handlers.limits import QueueLimits
+from django_durq.models import Job, QueueControl, Status
 from tests.conftest import db_vendor
 from tests.ledger import jobs
 
@@ -290,3 +293,58 @@ def test_one_busy_worker_of_all_looks_for_expired_leases_in_each_half_second():
         assert expired_picks(sent) == 0  # no lease ran out: nothing locked
     finally:
         other.close()
+
+
+@pytest.mark.skipif(db_vendor() != "postgres", reason="PostgreSQL takes a limited claim's two turns in one statement")
+def test_a_limited_claim_takes_its_two_turns_in_one_statement_the_queues_first():
+    QueueControl.objects.all().delete()  # the first limited claim: neither control row exists yet
+    jobs.one_per_key.enqueue(key="a", log="/dev/null")
+    sent = Sent()
+    with connection.execute_wrapper(sent):
+        assert len(claim_limited(dialect_for(connection), "default", 5, NOW, worker(), QueueLimits())) == 1
+    assert len(sent.starting("SELECT QUEUE, PAUSED FROM DURQ_QUEUE_CONTROL")) == 2  # rows made in between
+    jobs.one_per_key.enqueue(key="b", log="/dev/null")
+    sent = Sent()
+    with connection.execute_wrapper(sent):
+        assert len(claim_limited(dialect_for(connection), "default", 5, NOW, worker(), QueueLimits())) == 1
+    assert len(sent.starting("SELECT QUEUE, PAUSED FROM DURQ_QUEUE_CONTROL")) == 1
+    assert not [text for text in sent.texts if "durq_queue_control" in text and text not in sent.starting("SELECT QUEUE")]
+
+    # Every claimer locks the queue's row before the keys' turn: one that waits for the keys' turn
+    # already holds its queue's row.
+    third = jobs.one_per_key.enqueue(key="c", log="/dev/null")
+    holder = own_connection(connection)
+    holder.autocommit = False
+    holder.cursor().execute("SELECT 1 FROM durq_queue_control WHERE queue = ':keys' FOR UPDATE")
+    claimed: list[object] = []
+
+    def claimer() -> None:
+        try:
+            claimed.append(claim_limited(dialect_for(connection), "default", 5, NOW, worker(), QueueLimits()))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=claimer)
+    thread.start()
+    probe = own_connection(connection)
+    try:
+        deadline = time.monotonic() + 0.8  # within the claim's wait for its turn (TURN_WAIT_S)
+        queue_row_taken = False
+        while time.monotonic() < deadline and not queue_row_taken:
+            try:
+                with probe.cursor() as cursor:
+                    cursor.execute("SELECT 1 FROM durq_queue_control WHERE queue = 'default' FOR UPDATE NOWAIT")
+                probe.rollback()
+                time.sleep(0.02)
+            except Exception:  # noqa: BLE001 - lock not available: the claimer holds the queue's row
+                probe.rollback()
+                queue_row_taken = True
+        assert queue_row_taken, "the claimer waiting for the keys' turn did not hold its queue's row"
+        thread.join(5)
+    finally:
+        holder.rollback()
+        holder.close()
+        probe.close()
+        thread.join(5)
+    assert claimed == [[]]  # its turn did not come within TURN_WAIT_S: it gave up, claiming nothing
+    assert [job.id for job in claim_limited(dialect_for(connection), "default", 5, NOW, worker(), QueueLimits())] == [third.pk]
