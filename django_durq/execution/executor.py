@@ -36,6 +36,7 @@ from ..handlers.registry import JobDefinition, registry
 from ..signals import job_dead, job_finished, job_postrun, job_prerun, send, send_in_handler_thread
 from .handler_call import transaction_state
 from .outcomes import (
+    ABANDONED,
     CANCELLED_OUTCOME,
     DEAD,
     FINISHED,
@@ -92,8 +93,8 @@ class Executor(Recording):
 
     def run(self, job: ClaimedJob, ctx: JobContext) -> str:
         if not ctx.wait_confirmed():
-            ctx.settle()
-            return LOST  # lost while it waited in a buffer: never started, nothing to record
+            # Lost while it waited in a buffer: never started, nothing to record; or settled meanwhile by another.
+            return LOST if ctx.settle() else ABANDONED
         errors = error_list(job.errors)
         if job.reclaimed_from is not None:
             errors.append(

@@ -95,7 +95,9 @@ class JobContext:
         # Monotonic second at which the lease was last confirmed: the claim, then each renewal sent.
         self.confirmed_at = mono
         self._margin_s = lease_margin_s(job.lease_ms)
-        self._deadline_mono = mono + job.timeout_ms / 1000 if job.timeout_ms else None
+        # Set by ``start()``: a timeout counts from the handler's start, so an attempt waiting for
+        # its lease to be confirmed (``wait_confirmed``) is never reaped as one that overran.
+        self._deadline_mono: float | None = None
         self._store = store
         self._clock = clock
         self._shutdown = shutdown
@@ -160,12 +162,13 @@ class JobContext:
         A job claimed ahead may wait in a buffer while renewals fail (a locked or unreachable
         database) until its lease could have run out and another worker taken it: started then,
         it would run beside that worker's attempt. It starts once a renewal confirms the lease or,
-        found lost, never; a worker stopping meanwhile leaves it unstarted too, for its lease to expire.
+        found lost, never; a worker stopping meanwhile leaves it unstarted too, for its lease to expire,
+        and so does an outcome recorded meanwhile by anything else (no renewal is sent for it then).
         """
-        while not self.lease_lost and (self.lease_at_risk() or self.presence_lost()):
+        while not self.lease_lost and not self.settled and (self.lease_at_risk() or self.presence_lost()):
             if self._shutdown.wait(CONFIRM_WAIT_S):
                 return False
-        return not self.lease_lost
+        return not self.lease_lost and not self.settled
 
     def presence_lost(self) -> bool:
         """This worker's presence lock may have been released since the lease was last confirmed.

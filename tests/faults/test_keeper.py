@@ -321,3 +321,48 @@ def test_a_job_claimed_ahead_starts_only_once_a_renewal_confirms_its_lease(short
         kept = next(job.id for job in claimed if job.id != taken.id)
         assert outcomes[taken.id] == LOST
         assert list(Effect.objects.values_list("job_id", "token")) == [(kept, 1)]  # the confirmed one ran, once
+
+
+def test_a_job_waiting_for_its_lease_cannot_time_out_and_its_slot_returns_when_another_settles_it(short):
+    """A job with a timeout claimed ahead waits for a renewal to confirm its lease before it starts.
+
+    Its timeout counts from its handler's start, so the pool's reaper leaves it alone meanwhile; and
+    should anything else settle the attempt while it waits, its slot returns at once instead of
+    waiting for a renewal the keeper will never send for it. Before, the reaper failed the job
+    ("timed out; the handler did not return") though it never started, and its slot waited for
+    ever with the job's place under its limit held: a model-based chaos run saw every job of that
+    key stay waiting (SQLite, seed 1013: renewals failing on a locked database).
+    """
+    from django_durq.conf import get_settings
+    from django_durq.execution.executor import Executor
+    from django_durq.execution.outcomes import ABANDONED
+    from django_durq.handlers.context import JobContext
+
+    clock = ManualClock(1_800_000_000_000)
+    with use_clock(clock):
+        jobs.effect.using(timeout=1).enqueue(tag="ahead")
+        store = Store("default")
+        (job,) = store.claim("default", 1, clock.now_ms(), "worker-a")
+        stale = time.monotonic() - LEASE_S  # no renewal since the claim, a whole lease ago
+        shutdown = threading.Event()
+        ctx = JobContext(job, worker_id="worker-a", store=store, clock=clock, shutdown=shutdown, claimed_mono=stale)
+        executor = Executor(store, get_settings(), clock, "worker-a")
+        outcomes: list[str] = []
+
+        def run() -> None:
+            outcomes.append(executor.run(job, ctx))
+            connections.close_all()
+
+        slot = threading.Thread(target=run, daemon=True)
+        slot.start()
+        try:
+            time.sleep(1.2)  # past the job's 1 s timeout, counted from the claim
+            assert ctx.overdue_by_s() is None, "a job that has not started was judged overdue"
+            assert ctx.settle()  # another recorder settles it (a hand-back, a reaper)
+            slot.join(5)
+            assert not slot.is_alive(), "the slot went on waiting for a renewal after the attempt was settled"
+        finally:
+            shutdown.set()  # a slot still waiting (the failure above) ends
+            slot.join(5)
+        assert outcomes == [ABANDONED]
+        assert not Effect.objects.exists()
