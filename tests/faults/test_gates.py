@@ -91,8 +91,11 @@ def test_a_claimer_frozen_in_its_turn_loses_it_and_the_others_claim_again(faults
         )
     finally:
         frozen.signal(signal.SIGCONT)
+    # Only the continued worker can run this one: the other is stopped before it is queued. Stopped
+    # after, the other could start it first, be stopped in its handler past its lease and run it
+    # again when continued: a stall's rerun, not what this test is about.
+    other.signal(signal.SIGSTOP)
     later = jobs.capped.enqueue(log=str(log), hold=0.05)
-    other.signal(signal.SIGSTOP)  # only the continued worker can run this one
     try:
         wait_until(lambda: Job.objects.get(pk=later.pk).status == "finished", 30, "the continued worker to claim again")
     finally:

@@ -8,8 +8,9 @@ on the host's wall clock (epoch ms, shared by the workers and the database serve
 - every action: when it was asked, when it returned, and what it returned (the jobs cancelled,
   asked to stop, retried, replaced);
 - every process: which slot it ran in, when it was killed, and its *blackouts*, the spells in
-  which it could not renew its leases (stopped by ``SIGSTOP``, or its renewal blocked behind a
-  row lock the test held), which are the only times a lease may truly expire under a live handler.
+  which it could not renew its leases (stopped by ``SIGSTOP``, its renewal blocked behind a row
+  lock the test held, or on SQLite behind the database's write lock while one of the test's own
+  writes lasted long), which are the only times a lease may truly expire under a live handler.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ TERMINAL = ("finished", "dead", "cancelled")
 # rightly holds) and no handler runs; it is stuck when nothing changed for this long although
 # every active job is due or waits for others, and no handler runs.
 STALL_S = 15.0
+# On SQLite the test's own writes (a big workflow's enqueue, an operator's action) hold the
+# database's write lock, so every worker's renewals wait behind them: one that lasts this long is
+# recorded as a blackout of every live worker, as a stall is (shorter ones cannot lapse a lease).
+LONG_WRITE_MS = 500.0
 
 
 def wall_ms() -> float:
@@ -116,7 +121,9 @@ class Driver:
         while self._events:
             due, _, event = heapq.heappop(self._events)
             time.sleep(max(0.0, start + due - time.monotonic()))
+            began = wall_ms()
             event()
+            self._note_long_write(began)
         for thread in [*self._stalls, *self._timers]:
             thread.join()
         self._wait_quiet(quiet_cap_s)
@@ -127,6 +134,11 @@ class Driver:
                 self.record.deaths[worker.pid] = self.record.quiet_ms
         self.record.logs = [worker.output() for worker in self.every]
         return self.record
+
+    def _note_long_write(self, began: float) -> None:
+        ended = wall_ms()
+        if self.vendor == "sqlite" and ended - began >= LONG_WRITE_MS:
+            self.record.blackouts.extend(Blackout(pid, began, ended, "writer") for pid in self._live_pids())
 
     def _at(self, seconds: float, event: Callable[[], None]) -> None:
         self._sequence += 1
