@@ -24,7 +24,7 @@ from django_durq.clock import now_ms
 from django_durq.models import Job, WorkerProcess
 from tests.conftest import wait_until
 from tests.ledger import checker, jobs
-from tests.ledger.models import Effect
+from tests.ledger.models import Effect, Order
 
 from .conftest import HEAVY, POLL_S, one_leg, only_on, problems_in, size, sqlite_path, sqlite_probe
 
@@ -81,6 +81,8 @@ def test_t01_drain_with_processes_in_every_journal_and_transaction_mode(faults, 
             # T05: the web app writes 50 rows/s to the same file during the drain.
             web = faults.helper("-m", "tests.faults.webapp", "--seconds", "600", "--rate", "50", env=env)
         workers = [faults.spawn("--queue", "default:1", env=env) for _ in range(processes)]
+        if web is not None:  # writing before the drain begins, not still starting when it ends
+            wait_until(lambda: Order.objects.exists(), 60, "the web app's first insert")
         # Queued once every process is up and idle, so that they all compete for the jobs: a
         # worker that started alone could drain them all before the others had started.
         wait_until(lambda: WorkerProcess.objects.count() == processes, 60, "every worker to register")

@@ -25,6 +25,14 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def run(seconds: float, rate: float, timeout: float) -> dict[str, Any]:
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # First of all: a SIGTERM that comes while Django starts (a loaded machine) still gets its report.
+    signal.signal(signal.SIGTERM, stop)
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -34,13 +42,6 @@ def run(seconds: float, rate: float, timeout: float) -> dict[str, Any]:
     from tests.ledger.models import Order
 
     connections["default"].settings_dict["OPTIONS"]["timeout"] = timeout
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
     report: dict[str, Any] = {"inserts": 0, "locked": 0, "errors": 0}
     latencies: list[float] = []
     interval = 1 / rate
