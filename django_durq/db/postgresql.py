@@ -139,17 +139,19 @@ class PostgreSQLDialect(Dialect):
         return self._claimed("durq_claim_counted_unflushed", claims.CLAIM_COUNTED_UNFLUSHED, params)
 
     def _claimed(self, name: str, sql: str, params: Sequence[Any]) -> list[ClaimedJob]:
+        """Run a fast claim (see ``_run_claim``) and hand its jobs out in claim order."""
+        jobs = self._run_claim(name, sql, params)
+        jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
+        return jobs
+
+    def _run_claim(self, name: str, sql: str, params: Sequence[Any]) -> list[ClaimedJob]:
         """Run a claim: ``EXECUTE name`` where this session prepared it, else its text."""
         raw = self.connection.connection
         if raw is not None and raw in _PREPARED_ON:
             rows = self.fetchall(claims.EXECUTE[name], params)
         else:
             rows = self.fetchall(sql, params)
-        jobs = [ClaimedJob.from_row(row) for row in rows]
-        if name == "durq_claim_ids":
-            return jobs  # in the order the limited claim gives them (db/flow.py)
-        jobs.sort(key=lambda job: (job.reclaimed_from is None, -job.priority, job.run_at_ms, job.id))
-        return jobs
+        return [ClaimedJob.from_row(row) for row in rows]
 
     def lock_gates(self, queue: str, now_ms: int, keys: bool) -> bool:
         if not keys:
@@ -202,7 +204,8 @@ class PostgreSQLDialect(Dialect):
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
         ids = _integers(job_id for job_id, _ in picks)
         keys = _texts(key or "" for _, key in picks)
-        return self._claimed("durq_claim_ids", claims.CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
+        # Unsorted: the limited claim orders what it admitted (db/flow.py).
+        return self._run_claim("durq_claim_ids", claims.CLAIM_IDS, (worker_id, now_ms, now_ms, ids, keys, ids, now_ms, now_ms))
 
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         ids = _integers(job_id for job_id, _ in leases)
