@@ -33,7 +33,7 @@ class QueueControl(models.Model):
 
 
 class JobStart(models.Model):
-    """One start of a rate-limited job: the sliding window of a rate limit counts these rows.
+    """Starts of rate-limited jobs, those of one claim on one scope: a rate's sliding window counts them.
 
     ``scope`` is ``q:<queue>`` for a queue's rate or ``key:<key>`` for a key's, whatever the
     queue. ``period_ms`` is the longest window counted on the scope when the row was written; the
@@ -43,6 +43,7 @@ class JobStart(models.Model):
     scope = models.CharField(max_length=400)
     started_ms = models.BigIntegerField()
     period_ms = models.BigIntegerField(null=True, blank=True, help_text="How long the scope's starts are kept.")
+    starts = models.PositiveIntegerField(default=1, db_default=1, help_text="How many jobs started at started_ms.")
 
     class Meta:
         db_table = "durq_start"

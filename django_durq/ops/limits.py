@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Sum
 
 from ..conf import get_settings
 from ..db.starts import key_scope, queue_scope
@@ -71,7 +71,7 @@ def _usage(queue: str, now: int, alias: str) -> LimitUsage:
     started = 0
     if limits.rate is not None:
         since = now - limits.rate.period_ms
-        started = JobStart.objects.using(alias).filter(scope=queue_scope(queue), started_ms__gt=since).count()
+        started = _starts(alias, queue_scope(queue), since)
     keys = _full_keys(queue, now, alias)
     due = jobs.due(now)
     queue_full = (limits.max_running is not None and running >= limits.max_running) or (
@@ -106,8 +106,14 @@ def _full_keys(queue: str, now: int, alias: str) -> list[KeyAtLimit]:
     )
     for row in rated[:MAX_RATED_KEYS]:
         key, rate, period = str(row["limit_key"]), int(row["rate"]), int(row["period"])
-        started = JobStart.objects.using(alias).filter(scope=key_scope(key), started_ms__gt=now - period).count()
+        started = _starts(alias, key_scope(key), now - period)
         if started >= rate:
             entry = full.setdefault(key, KeyAtLimit(key, running.get(key, (0, None))[0], None))
             entry.started_in_window, entry.rate, entry.period_ms = started, rate, period
     return sorted(full.values(), key=lambda key: (-key.running, -key.started_in_window, key.key))
+
+
+def _starts(alias: str, scope: str, since: int) -> int:
+    """Starts logged on ``scope`` later than ``since`` (a row holds the starts of one claim)."""
+    rows = JobStart.objects.using(alias).filter(scope=scope, started_ms__gt=since)
+    return int(rows.aggregate(total=Sum("starts"))["total"] or 0)
