@@ -41,6 +41,7 @@ from .outcomes import (
     DEAD,
     FINISHED,
     LOST,
+    PAUSED,
     RETRYING,
     Completion,
     Failure,
@@ -91,7 +92,11 @@ class Executor(Recording):
         self._keep_finished: dict[str, int] = {}  # per queue; looked up for every finished job
         self.unknown_types = UnknownTypes(store, clock, worker_id)
 
-    def run(self, job: ClaimedJob, ctx: JobContext) -> str:
+    def run(self, job: ClaimedJob, ctx: JobContext, may_start: Callable[[], bool] | None = None) -> str:
+        """Run one attempt to its outcome. ``may_start`` is asked right before the handler starts, after
+        every wait on the way (a lease to confirm, a lost lease's error to write): False, and the
+        attempt ends ``PAUSED``, never started, for the caller to hand back.
+        """
         if not ctx.wait_confirmed():
             # Lost while it waited in a buffer: never started, nothing to record; or settled meanwhile by another.
             return LOST if ctx.settle() else ABANDONED
@@ -110,6 +115,8 @@ class Executor(Recording):
             return self.record(job, ctx, None, None, errors)
         if job.expires_ms is not None and job.expires_ms <= self.clock.now_ms():
             return self._expire(job, ctx, errors)
+        if may_start is not None and not may_start():
+            return PAUSED
         ctx.start()
         connection = self._connection()
         self._local.before_handler = transaction_state(connection)

@@ -33,6 +33,7 @@ LOST = "lost"
 EXPIRED = "expired"  # claimed after its expiry: ended cancelled, never started
 ABANDONED = "abandoned"  # another recorder (a timeout) settled this attempt first
 UNKNOWN_TYPE = "unknown type"  # handed back: this process has no handler for the job's type
+PAUSED = "paused"  # its queue was found paused right before its handler would start: never started
 
 
 @dataclass

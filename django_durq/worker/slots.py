@@ -9,7 +9,7 @@ import time
 from django.db import connections
 
 from ..conf import hooks
-from ..execution.outcomes import ABANDONED, log_extra
+from ..execution.outcomes import ABANDONED, PAUSED, log_extra
 from .attempt import FINISHING, RUNNING, Attempt
 from .claim_ahead import ClaimAhead
 from .completions import FLUSH_BATCH
@@ -103,12 +103,10 @@ class Slots(ClaimAhead):
             self.kick.set()  # completions to record, or the buffer needs refilling
         return attempt
 
-    def _may_start(self, attempt: Attempt) -> bool:
-        """Whether the slot may start ``attempt`` (see ``pause_guard.py``); if its queue is paused, the
-        attempt and every buffered one are handed back, attempts not counted.
+    def _paused(self, attempt: Attempt) -> None:
+        """``attempt`` did not start, its queue paused (``pause_guard.py``): it and every buffered one
+        are handed back, attempts not counted.
         """
-        if self.pause_guard.may_start():
-            return True
         with self._lock:
             self._running.discard(attempt)
             self._busy -= 1
@@ -116,7 +114,6 @@ class Slots(ClaimAhead):
         self._hand_back(everything=True)
         logger.info("durq: queue %r is paused; its jobs claimed ahead were handed back", self.queue)
         self.kick.set()
-        return False
 
     def _work(self) -> None:
         runtime = self.runtime
@@ -127,15 +124,13 @@ class Slots(ClaimAhead):
             attempt = self._next_job(attempt)
             if attempt is None:
                 break
-            if not self._may_start(attempt):
-                attempt = None  # handed back: nothing to retire
-                continue
             started = time.monotonic()
             if started - idle_since > IDLE_CHECK_S:
                 slot_connections.after_idle()
             outcome = "error"
             try:
-                outcome = self.executor.run(attempt.job, attempt.ctx)
+                # Whether the queue is paused is asked last, once every wait before the start is over.
+                outcome = self.executor.run(attempt.job, attempt.ctx, may_start=self.pause_guard.may_start)
             except BaseException:  # the database stayed down past every retry
                 logger.exception(
                     "durq: could not record the outcome of job %s (%s); its lease will expire",
@@ -143,6 +138,10 @@ class Slots(ClaimAhead):
                     attempt.job.name,
                     extra=log_extra(attempt.job),
                 )
+            if outcome == PAUSED:
+                self._paused(attempt)
+                attempt = None  # handed back: nothing to retire
+                continue
             # The handler has returned; unless a completion carries its place, free that now (or at the next write).
             if attempt.job.placed and attempt.lease not in self._finished_results and not self.places.free([attempt.lease]):
                 self.kick.set()
