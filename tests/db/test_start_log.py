@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from django.db import connection
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
@@ -81,23 +81,25 @@ def _nth_newest_one_by_one(starts: list[int], taken: int, now_ms: int, n: int) -
     return newest_first[n - 1] if n <= len(newest_first) else None
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    rows=st.lists(st.tuples(st.integers(0, 3_000), st.integers(1, 6)), max_size=12),
-    taken=st.integers(0, 5),
-    now_ms=st.integers(0, 3_000),
-    period_ms=st.integers(1, 3_000),
-    count=st.integers(1, 40),
-)
-def test_a_window_of_rows_holding_several_starts_counts_as_the_starts_one_by_one(rows, taken, now_ms, period_ms, count):
+def _random_log(rng: random.Random) -> tuple[list[tuple[int, int]], int, int, int, int]:
+    """Rows (time, starts) around ``now``, some ahead of it (a claimer whose clock runs ahead), and what to ask."""
+    rows = [(rng.randint(0, 3_000), rng.randint(1, 6)) for _ in range(rng.randint(0, 12))]
+    return rows, rng.randint(0, 5), rng.randint(0, 3_000), rng.randint(1, 3_000), rng.randint(1, 40)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_window_of_rows_holding_several_starts_counts_as_the_starts_one_by_one(seed):
     """Against the log as one row per start: the same counts, the same n-th newest, the same opening."""
-    log = ScopeLog(depth=count, period_ms=period_ms)
-    log.add(rows)
-    starts = _expanded(rows)
-    assert log.in_window(taken, now_ms, period_ms) == _in_window_one_by_one(starts, taken, now_ms, period_ms)
-    for n in range(1, len(starts) + taken + 2):
-        assert log.nth_newest(taken, now_ms, n) == _nth_newest_one_by_one(starts, taken, now_ms, n), n
-    full = _in_window_one_by_one(starts, taken, now_ms, period_ms) >= count
-    assert log.full(taken, now_ms, count, period_ms) is full
-    nth = _nth_newest_one_by_one(starts, taken, now_ms, count)
-    assert log.opens_at(taken, now_ms, count, period_ms) == (nth + period_ms if full and nth is not None else None)
+    rng = random.Random(seed)
+    for _ in range(50):
+        rows, taken, now_ms, period_ms, count = _random_log(rng)
+        log = ScopeLog(depth=count, period_ms=period_ms)
+        log.add(rows)
+        starts = _expanded(rows)
+        assert log.in_window(taken, now_ms, period_ms) == _in_window_one_by_one(starts, taken, now_ms, period_ms)
+        for n in range(1, len(starts) + taken + 2):
+            assert log.nth_newest(taken, now_ms, n) == _nth_newest_one_by_one(starts, taken, now_ms, n), (rows, n)
+        full = _in_window_one_by_one(starts, taken, now_ms, period_ms) >= count
+        assert log.full(taken, now_ms, count, period_ms) is full
+        nth = _nth_newest_one_by_one(starts, taken, now_ms, count)
+        assert log.opens_at(taken, now_ms, count, period_ms) == (nth + period_ms if full and nth is not None else None)
