@@ -2,8 +2,9 @@
 
 A job whose arguments the handler cannot take would fail every attempt in the worker; refusing
 it at ``enqueue()`` names the mistake where it is made, before any SQL. The check runs for every
-enqueue, so the usual call (keywords the handler names, every required one given) is accepted
-by two set comparisons; anything else is judged by ``inspect.Signature.bind``.
+enqueue and run, so the usual call (positional arguments the handler has room for, keywords it
+names, every required one given once) is accepted by set comparisons; anything else is judged by
+``inspect.Signature.bind``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class HandlerArguments:
         self.any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
         # Where a required parameter can only be given positionally, keywords alone never suffice.
         self.keywords_suffice = self.required <= self.keywords
+        # The names positional arguments fill, in order, and whether more may follow (``*args``).
+        self.positional = tuple(p.name for p in parameters if p.kind in _POSITIONAL)
+        self.any_positional = any(p.kind == p.VAR_POSITIONAL for p in parameters)
 
     @classmethod
     def of(cls, func: Callable[..., Any]) -> HandlerArguments | None:
@@ -53,9 +57,22 @@ class HandlerArguments:
 
     def check(self, name: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
         """Raise ``TypeError`` naming job ``name``, the handler and the argument it could not take."""
-        usual = not args and self.keywords_suffice and self.required <= kwargs.keys()
-        if usual and (self.any_keyword or kwargs.keys() <= self.keywords):
-            return
+        # The usual call, positional arguments within the parameters that take them and keywords
+        # the handler names, each required one given once: accepted by set comparisons. It runs
+        # for every enqueue and every run, where binding the signature would cost more than the
+        # rest of a no-op job's run on the slot.
+        named = kwargs.keys()
+        if not args:
+            if self.keywords_suffice and self.required <= named and (self.any_keyword or named <= self.keywords):
+                return
+        elif len(args) <= len(self.positional) or self.any_positional:
+            filled = self.positional[: len(args)]
+            if (
+                (self.any_keyword or named <= self.keywords)
+                and named.isdisjoint(filled)
+                and not self.required.difference(filled, named & self.keywords)
+            ):
+                return
         try:
             self.signature.bind(*args, **kwargs)
         except TypeError as error:

@@ -6,6 +6,8 @@ nothing, and leaves the caller's open transaction usable.
 
 from __future__ import annotations
 
+import inspect
+import random
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -249,9 +251,11 @@ def _h3(ctx, *args, c): ...
 def _h4(ctx, a=1, *, b, **kw): ...
 def _h5(ctx, **kw): ...
 def _h6(ctx): ...
+def _h7(ctx, a, b, /, c, *args, d=1, **kw): ...
+def _h8(ctx, a, b=2, *, c=3): ...
 
 
-@pytest.mark.parametrize("handler", [_h1, _h2, _h3, _h4, _h5, _h6])
+@pytest.mark.parametrize("handler", [_h1, _h2, _h3, _h4, _h5, _h6, _h7, _h8])
 @pytest.mark.parametrize(
     ("args", "kwargs"),
     [
@@ -263,6 +267,16 @@ def _h6(ctx): ...
         ((), {"kw": 1}),
         ((1,), {}),
         ((1,), {"a": 2}),
+        ((1,), {"b": 2}),
+        ((1,), {"kw": 2}),
+        ((1, 2), {}),
+        ((1, 2), {"b": 3}),
+        ((1, 2), {"c": 3}),
+        ((1, 2), {"a": 3, "c": 3}),
+        ((1, 2, 3), {}),
+        ((1, 2, 3), {"d": 4, "e": 5}),
+        ((1, 2, 3, 4, 5), {}),
+        ((1, 2, 3, 4, 5), {"c": 1}),
     ],
 )
 def test_the_quick_argument_check_agrees_with_the_handlers_signature(handler, args, kwargs):
@@ -279,3 +293,47 @@ def test_the_quick_argument_check_agrees_with_the_handlers_signature(handler, ar
             arguments.check("x", args, kwargs)
     else:
         arguments.check("x", args, kwargs)
+
+
+def _random_signature(draw: random.Random) -> inspect.Signature:
+    """A signature Python allows: positional-only, then positional-or-keyword (defaults trailing), maybe
+    ``*args``, keyword-only, maybe ``**kw``."""
+    names = iter("abcdefgh")
+    parameters = []
+    defaulted = False
+    for kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        for _ in range(draw.randint(0, 2)):
+            defaulted = defaulted or draw.random() < 0.4
+            default = 0 if defaulted else inspect.Parameter.empty
+            parameters.append(inspect.Parameter(next(names), kind, default=default))
+    if draw.random() < 0.4:
+        parameters.append(inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL))
+    for _ in range(draw.randint(0, 2)):
+        default = 0 if draw.random() < 0.5 else inspect.Parameter.empty
+        parameters.append(inspect.Parameter(next(names), inspect.Parameter.KEYWORD_ONLY, default=default))
+    if draw.random() < 0.4:
+        parameters.append(inspect.Parameter("kw", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(parameters)
+
+
+def test_the_quick_argument_check_agrees_with_binding_for_random_signatures_and_calls():
+    from django_durq.handlers.arguments import HandlerArguments
+
+    draw = random.Random(20261206)
+    accepted = refused = 0
+    for _ in range(400):
+        signature = _random_signature(draw)
+        arguments = HandlerArguments(_h6, signature)
+        for _ in range(25):
+            args = tuple(range(draw.randint(0, 4)))
+            kwargs = dict.fromkeys(draw.sample("abcdefgh", draw.randint(0, 3)) + (["kw"] if draw.random() < 0.1 else []), 1)
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError:
+                refused += 1
+                with pytest.raises(TypeError, match="cannot enqueue 'x'"):
+                    arguments.check("x", args, kwargs)
+            else:
+                accepted += 1
+                arguments.check("x", args, kwargs)
+    assert accepted > 1_000 and refused > 1_000  # both sides of the check were exercised
