@@ -8,7 +8,6 @@ from .clock import set_default_clock
 from .conf import get_settings
 from .db.clock import database_clock
 from .enqueue.results import result
-from .execution import tracing
 from .tasks.bridge import autodiscover_tasks
 
 
@@ -25,8 +24,6 @@ class DurqConfig(AppConfig):
         set_default_clock(database_clock)
         # Job.wait() reads its result through the operation the vocabulary cannot import.
         hand_in_result_reader(result)
-        # With OpenTelemetry installed, each run continues the trace that enqueued its job.
-        tracing.connect()
 
         # Import every installed app's jobs.py, and the modules DURQ["MODULES"] lists, so that
         # @job handlers are registered in every process: a worker runs only what it registered.

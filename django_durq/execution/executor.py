@@ -34,6 +34,7 @@ from ..handlers.context import JobContext
 from ..handlers.payload import decode_arguments, encode_json
 from ..handlers.registry import JobDefinition, registry
 from ..signals import job_dead, job_finished, job_postrun, job_prerun, send, send_in_handler_thread
+from . import tracing
 from .handler_call import transaction_state
 from .outcomes import (
     ABANDONED,
@@ -136,16 +137,23 @@ class Executor(Recording):
                 failure = Failure("arguments", unfit, "TypeError", final=True)
             else:
                 # In this thread, around the handler alone: a receiver may set up and tear down
-                # what the handler's thread needs (docs/runtime.md, "Signals").
-                if job_prerun.receivers:
-                    send_in_handler_thread(job_prerun, Executor, None, log_extra(job), **_announced(job, ctx))
-                failure, result = self._call(definition, ctx, args, kwargs)
-                if job_postrun.receivers:
+                # what the handler's thread needs (docs/runtime.md, "Signals"). The run span, when
+                # tracing is on, holds the handler and those receivers.
+                traced = tracing.run_started(job.id, job.name, job.queue, ctx.attempt)
+                raised: BaseException | None = None
+                try:
+                    if job_prerun.receivers:
+                        send_in_handler_thread(job_prerun, Executor, None, log_extra(job), **_announced(job, ctx))
+                    failure, result = self._call(definition, ctx, args, kwargs)
                     raised = failure.error if failure is not None else None
-                    announced = _announced(job, ctx)
-                    send_in_handler_thread(
-                        job_postrun, Executor, raised, log_extra(job), result=result, error=raised, **announced
-                    )
+                    if job_postrun.receivers:
+                        announced = _announced(job, ctx)
+                        send_in_handler_thread(
+                            job_postrun, Executor, raised, log_extra(job), result=result, error=raised, **announced
+                        )
+                finally:
+                    if traced:
+                        tracing.run_ended(raised)
         return self.record(job, ctx, failure, result, errors, definition)
 
     def bury_lost(self, queue: str, lease: tuple[int, int], name: str, attempts: int, errors_text: str, holder: str) -> str:

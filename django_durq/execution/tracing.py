@@ -4,7 +4,7 @@ With ``opentelemetry-api`` installed (``pip install django-durq[otel]``) and a t
 set (the SDK's, as the application configures it), every enqueue is a span, ``durq enqueue
 <job type>``, whose context (W3C ``traceparent``, and ``baggage``) is stored with the job in
 ``durq_job.trace_context``; the run of each attempt is a span, ``durq run <job type>``, child of
-that context, around the handler (the ``job_prerun`` and ``job_postrun`` signals). A request
+that context, around the handler and the receivers of ``job_prerun`` and ``job_postrun``. A request
 traced by the Django instrumentation thus continues into the jobs it queues. Both spans carry
 the job's id, type, queue and attempt; a handler's exception is recorded on its run span.
 
@@ -25,25 +25,26 @@ from functools import cache
 from typing import Any
 
 from ..exceptions import Retry
-from ..signals import job_postrun, job_prerun
 
 INSTRUMENTATION = "django_durq"
 _running = threading.local()  # the run span of this handler thread, and the context token to detach
 
 
 @cache
-def installed() -> bool:
-    return importlib.util.find_spec("opentelemetry") is not None  # looked up once: an enqueue asks
+def _api() -> Any | None:
+    """``opentelemetry.trace``, imported once; None when OpenTelemetry is not installed (an enqueue and a run ask)."""
+    if importlib.util.find_spec("opentelemetry") is None:
+        return None
+    from opentelemetry import trace  # optional: the otel extra
+
+    return trace
 
 
 def _tracing() -> Any | None:
     """``opentelemetry.trace`` when a tracer provider is set; None when tracing is off."""
-    if not installed():
-        return None
-    from opentelemetry import trace  # optional: the otel extra
-
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return None  # no provider set: every span would be a no-op
+    trace = _api()
+    if trace is None or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None  # not installed, or no provider set: every span would be a no-op
     return trace
 
 
@@ -96,13 +97,20 @@ def enqueuing(name: str, queue: str) -> Iterator[Enqueue]:
             span.set_attribute("messaging.batch.message_count", len(enqueue.ids))
 
 
-def _started(sender: Any, job_id: int, name: str, queue: str, attempt: int, **kwargs: Any) -> None:
+def run_started(job_id: int, name: str, queue: str, attempt: int) -> bool:
+    """Open the run span of this attempt in the handler's thread, when tracing is on; whether one was opened.
+
+    Called by the slot around the handler and its ``job_prerun``/``job_postrun`` receivers, not as
+    a receiver itself: with OpenTelemetry installed and no provider set, a run sends no signal
+    that nobody else listens to (two sends through Django's dispatcher cost more than the rest
+    of a no-op job's run on the slot).
+    """
     trace = _tracing()
     if trace is None:
-        return
+        return False
     from opentelemetry import context, propagate  # optional: the otel extra
 
-    from ..models import Job  # app loading: the receivers are connected from apps.py's ready()
+    from ..models import Job  # app loading: called only by a worker, once apps are ready
 
     stored = Job.objects.filter(pk=job_id).values_list("trace_context", flat=True).first()
     parent = propagate.extract(json.loads(stored)) if stored else None
@@ -111,9 +119,11 @@ def _started(sender: Any, job_id: int, name: str, queue: str, attempt: int, **kw
     )
     _running.span = span
     _running.token = context.attach(trace.set_span_in_context(span))
+    return True
 
 
-def _ended(sender: Any, error: BaseException | None = None, **kwargs: Any) -> None:
+def run_ended(error: BaseException | None) -> None:
+    """Close the run span ``run_started`` opened in this thread; ``error``, what the handler raised, is recorded on it."""
     span = getattr(_running, "span", None)
     if span is None:
         return
@@ -125,10 +135,3 @@ def _ended(sender: Any, error: BaseException | None = None, **kwargs: Any) -> No
         span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
     span.end()
     context.detach(_running.token)
-
-
-def connect() -> None:
-    """Trace each run, when OpenTelemetry is installed (called once, from the app's ``ready()``)."""
-    if installed():
-        job_prerun.connect(_started, dispatch_uid="django_durq.tracing.started")
-        job_postrun.connect(_ended, dispatch_uid="django_durq.tracing.ended")

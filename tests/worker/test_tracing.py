@@ -127,3 +127,50 @@ def test_a_workflows_jobs_carry_the_context_of_its_one_enqueue_span(exporter, tr
     (enqueue,) = [span for span in exporter.get_finished_spans() if span.name.startswith("durq enqueue")]
     assert stored == {(f"{enqueue.context.trace_id:032x}", f"{enqueue.context.span_id:016x}")}
     assert enqueue.attributes["messaging.batch.message_count"] == 2
+
+
+def test_without_a_tracer_provider_a_run_sends_no_signal_nobody_listens_to(transactional_db):
+    """Tracing is not a receiver of the application's signals: with OpenTelemetry installed and no
+    provider set, a run whose application connected no receiver sends neither signal."""
+    from django_durq.signals import job_postrun, job_prerun
+    from django_durq.testing import drain
+
+    _reset_tracer_provider()
+    sent: list[str] = []
+    send_robust = job_prerun.send_robust.__func__  # type: ignore[attr-defined]
+
+    def counting(signal, sender, **kwargs):  # type: ignore[no-untyped-def]
+        if signal is job_prerun or signal is job_postrun:
+            sent.append(kwargs.get("name", "?"))
+        return send_robust(signal, sender, **kwargs)
+
+    jobs.noop.enqueue()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(job_prerun), "send_robust", counting)
+        assert drain()["finished"] == 1
+    assert sent == []
+
+
+def test_the_application_s_signal_receivers_run_inside_the_run_span(exporter, transactional_db):
+    from django_durq.signals import job_postrun, job_prerun
+    from django_durq.testing import drain
+
+    current: dict[str, str] = {}
+
+    def before(sender, name, **kwargs):  # type: ignore[no-untyped-def]
+        current["prerun"] = getattr(trace.get_current_span(), "name", "")
+
+    def after(sender, name, **kwargs):  # type: ignore[no-untyped-def]
+        current["postrun"] = getattr(trace.get_current_span(), "name", "")
+
+    job_prerun.connect(before)
+    job_postrun.connect(after)
+    try:
+        jobs.noop.enqueue()
+        assert drain()["finished"] == 1
+    finally:
+        job_prerun.disconnect(before)
+        job_postrun.disconnect(after)
+    assert current == {"prerun": "durq run tests.noop", "postrun": "durq run tests.noop"}
+    (run,) = [span for span in exporter.get_finished_spans() if span.name == "durq run tests.noop"]
+    assert run.end_time is not None
