@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from typing import Any
 from ..exceptions import Retry
 
 INSTRUMENTATION = "django_durq"
+logger = logging.getLogger("django_durq")
 _running = threading.local()  # the run span of this handler thread, and the context token to detach
 
 
@@ -108,6 +110,15 @@ def run_started(job_id: int, name: str, queue: str, attempt: int) -> bool:
     trace = _tracing()
     if trace is None:
         return False
+    try:
+        _open_run_span(trace, job_id, name, queue, attempt)
+    except Exception:  # a trace that cannot be made must not cost the job its run
+        logger.warning("durq: could not open the run span of job %s (%s); it runs untraced", job_id, name, exc_info=True)
+        return False
+    return True
+
+
+def _open_run_span(trace: Any, job_id: int, name: str, queue: str, attempt: int) -> None:
     from opentelemetry import context, propagate  # optional: the otel extra
 
     from ..models import Job  # app loading: called only by a worker, once apps are ready
@@ -119,7 +130,6 @@ def run_started(job_id: int, name: str, queue: str, attempt: int) -> bool:
     )
     _running.span = span
     _running.token = context.attach(trace.set_span_in_context(span))
-    return True
 
 
 def run_ended(error: BaseException | None) -> None:
@@ -130,8 +140,12 @@ def run_ended(error: BaseException | None) -> None:
     from opentelemetry import context, trace  # optional: the otel extra
 
     _running.span = None
-    if error is not None and not isinstance(error, Retry):  # a retry the handler asked for is no error
-        span.record_exception(error)
-        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-    span.end()
-    context.detach(_running.token)
+    try:
+        if error is not None and not isinstance(error, Retry):  # a retry the handler asked for is no error
+            span.record_exception(error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end()
+    except Exception:  # the outcome is recorded whatever the exporter does
+        logger.warning("durq: could not close a run span", exc_info=True)
+    finally:
+        context.detach(_running.token)

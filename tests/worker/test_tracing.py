@@ -174,3 +174,17 @@ def test_the_application_s_signal_receivers_run_inside_the_run_span(exporter, tr
     assert current == {"prerun": "durq run tests.noop", "postrun": "durq run tests.noop"}
     (run,) = [span for span in exporter.get_finished_spans() if span.name == "durq run tests.noop"]
     assert run.end_time is not None
+
+
+def test_a_run_span_that_cannot_be_made_costs_the_trace_not_the_job(exporter, transactional_db, monkeypatch, caplog):
+    from django_durq.execution import tracing
+    from django_durq.testing import drain
+
+    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+        raise RuntimeError("exporter misconfigured")
+
+    jobs.noop.enqueue()
+    monkeypatch.setattr(tracing, "attributes", broken)
+    assert drain()["finished"] == 1
+    assert not [span for span in exporter.get_finished_spans() if span.name.startswith("durq run")]
+    assert "exporter misconfigured" in caplog.text
