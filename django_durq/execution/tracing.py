@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -74,13 +74,33 @@ class Enqueue:
 def enqueuing(name: str, queue: str) -> Iterator[Enqueue]:
     """Around the insert of jobs of type ``name``: a span whose context the jobs store (``columns``).
 
-    The caller adds the ids of the jobs it inserted to ``ids``; the span names them.
+    The caller adds the ids of the jobs it inserted to ``ids``; the span names them. A span that
+    cannot be opened or closed (a broken exporter) is logged and the jobs are queued untraced:
+    a trace never costs an enqueue, nor makes one that committed look failed.
     """
     enqueue = Enqueue()
     trace = _tracing()
-    if trace is None:
+    span = None
+    if trace is not None:
+        try:
+            span = _enqueue_span(trace, name, queue, enqueue)
+            span.__enter__()
+        except Exception:  # the jobs are queued all the same, without a trace context
+            logger.warning("durq: could not open the enqueue span of %r; its jobs are queued untraced", name, exc_info=True)
+            span = None
+            enqueue.columns.clear()
+    try:
         yield enqueue
-        return
+    except BaseException as error:
+        if span is not None:
+            _close(span, error)
+        raise
+    if span is not None:
+        _close(span, None)
+
+
+@contextmanager
+def _enqueue_span(trace: Any, name: str, queue: str, enqueue: Enqueue) -> Iterator[None]:
     from opentelemetry import propagate  # optional: the otel extra
 
     tracer = trace.get_tracer(INSTRUMENTATION)
@@ -91,12 +111,24 @@ def enqueuing(name: str, queue: str) -> Iterator[Enqueue]:
         propagate.inject(carrier)
         if carrier:
             enqueue.columns["trace_context"] = json.dumps(carrier, sort_keys=True)
-        yield enqueue
+        yield
         if len(enqueue.ids) == 1:
             span.set_attribute("durq.job.id", enqueue.ids[0])
             span.set_attribute("messaging.message.id", str(enqueue.ids[0]))
         elif enqueue.ids:
             span.set_attribute("messaging.batch.message_count", len(enqueue.ids))
+
+
+def _close(span: AbstractContextManager[None], error: BaseException | None) -> None:
+    """End the enqueue span; what ending it raises is logged, never passed to the caller (``error`` is theirs)."""
+    try:
+        if error is None:
+            span.__exit__(None, None, None)
+        else:
+            span.__exit__(type(error), error, error.__traceback__)
+    except Exception as raised:  # the jobs were queued (or failed) whatever the exporter does
+        if raised is not error:
+            logger.warning("durq: could not close an enqueue span", exc_info=True)
 
 
 def run_started(job_id: int, name: str, queue: str, attempt: int) -> bool:

@@ -188,3 +188,24 @@ def test_a_run_span_that_cannot_be_made_costs_the_trace_not_the_job(exporter, tr
     assert drain()["finished"] == 1
     assert not [span for span in exporter.get_finished_spans() if span.name.startswith("durq run")]
     assert "exporter misconfigured" in caplog.text
+
+
+def test_an_enqueue_span_that_cannot_be_made_costs_the_trace_not_the_enqueue(exporter, transactional_db, monkeypatch, caplog):
+    from django_durq.execution import tracing
+
+    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+        raise RuntimeError("exporter misconfigured")
+
+    monkeypatch.setattr(tracing, "attributes", broken)
+    job = jobs.noop.enqueue()
+    assert Job.objects.get(pk=job.pk).trace_context is None
+    assert "exporter misconfigured" in caplog.text
+
+
+def test_an_enqueue_that_fails_still_ends_its_span_with_the_error(exporter, transactional_db):
+    from django_durq.execution import tracing
+
+    with pytest.raises(ValueError, match="the insert failed"), tracing.enqueuing("tests.noop", "default"):
+        raise ValueError("the insert failed")
+    (span,) = [span for span in exporter.get_finished_spans() if span.name == "durq enqueue tests.noop"]
+    assert span.status.status_code == trace.StatusCode.ERROR
