@@ -2,9 +2,8 @@
 
 A job whose arguments the handler cannot take would fail every attempt in the worker; refusing
 it at ``enqueue()`` names the mistake where it is made, before any SQL. The check runs for every
-enqueue and run, so the usual call (positional arguments the handler has room for, keywords it
-names, every required one given once) is accepted by set comparisons; anything else is judged by
-``inspect.Signature.bind``.
+enqueue and run, so a call is judged as Python would take it by set comparisons, without binding
+the signature.
 """
 
 from __future__ import annotations
@@ -32,6 +31,9 @@ class HandlerArguments:
         # The names positional arguments fill, in order, and whether more may follow (``*args``).
         self.positional = tuple(p.name for p in parameters if p.kind in _POSITIONAL)
         self.any_positional = any(p.kind == p.VAR_POSITIONAL for p in parameters)
+        # Of the first n positional parameters, those a keyword could also fill: a keyword naming
+        # one of them is given twice; one naming a positional-only parameter goes to ``**kwargs``.
+        self._filled_keywords = [self.keywords.intersection(self.positional[:n]) for n in range(len(self.positional) + 1)]
 
     @classmethod
     def of(cls, func: Callable[..., Any]) -> HandlerArguments | None:
@@ -56,32 +58,21 @@ class HandlerArguments:
         return cls(func, signature.replace(parameters=rest))
 
     def check(self, name: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
-        """Raise ``TypeError`` naming job ``name``, the handler and the argument it could not take."""
-        # The usual call, positional arguments within the parameters that take them and keywords
-        # the handler names, each required one given once: accepted by set comparisons. It runs
-        # for every enqueue and every run, where binding the signature would cost more than the
-        # rest of a no-op job's run on the slot.
-        named = kwargs.keys()
-        if not args:
-            if self.keywords_suffice and self.required <= named and (self.any_keyword or named <= self.keywords):
-                return
-        elif len(args) <= len(self.positional) or self.any_positional:
-            filled = self.positional[: len(args)]
-            if (
-                (self.any_keyword or named <= self.keywords)
-                and named.isdisjoint(filled)
-                and not self.required.difference(filled, named & self.keywords)
-            ):
-                return
-        try:
-            self.signature.bind(*args, **kwargs)
-        except TypeError as error:
-            raise TypeError(self._refusal(name, error, kwargs)) from None
+        """Raise ``TypeError`` naming job ``name``, the handler and the argument it could not take.
 
-    def _refusal(self, name: str, error: TypeError, kwargs: dict[str, Any]) -> str:
+        The call is judged as Python would take it, by set comparisons: it runs for every enqueue
+        and before every run, where binding the signature would cost more than the rest of a no-op
+        job's run on the slot (and ``inspect.Signature.bind`` itself differs from a call in corners
+        between Python versions).
+        """
+        named = kwargs.keys()
+        if not args and self.keywords_suffice and self.required <= named and (self.any_keyword or named <= self.keywords):
+            return  # the usual call, keywords only: the short way to what _refusal_reason would find
+        if not self._refusal_reason(args, kwargs):
+            return
         unknown = [] if self.any_keyword else [key for key in kwargs if key not in self.keywords]
         # A misspelt keyword is the likelier slip than the required argument it leaves missing.
-        reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else str(error)
+        reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else self._refusal_reason(args, kwargs)
         message = f"cannot enqueue {name!r}: {reason}"
         close = difflib.get_close_matches(unknown[0], sorted(self.keywords), n=1) if unknown else []
         if close:
@@ -90,7 +81,24 @@ class HandlerArguments:
         first = next(iter(inspect.signature(self.func).parameters))
         if first in kwargs:
             message += f", which its first parameter, {first!r}, receives"
-        return message
+        raise TypeError(message)
+
+    def _refusal_reason(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
+        """Why a call with these arguments after the context would raise ``TypeError``; "" when it would not."""
+        named = kwargs.keys()
+        given = len(args)
+        if given > len(self.positional) and not self.any_positional:
+            return f"too many positional arguments ({given}; it takes {len(self.positional)})"
+        if not self.any_keyword and not named <= self.keywords:
+            return f"got an unexpected keyword argument {sorted(named - self.keywords)[0]!r}"
+        filled = self.positional[:given]
+        twice = named & self._filled_keywords[min(given, len(self.positional))]
+        if twice:
+            return f"got multiple values for argument {sorted(twice)[0]!r}"
+        missing = self.required.difference(filled, named & self.keywords)
+        if missing:
+            return f"missing a required argument: {sorted(missing)[0]!r}"
+        return ""
 
 
 def qualified_name(func: Callable[..., Any]) -> str:

@@ -11,6 +11,7 @@ import random
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -280,14 +281,13 @@ def _h8(ctx, a, b=2, *, c=3): ...
     ],
 )
 def test_the_quick_argument_check_agrees_with_the_handlers_signature(handler, args, kwargs):
-    import inspect
 
     from django_durq.handlers.arguments import HandlerArguments
 
     arguments = HandlerArguments.of(handler)
     assert arguments is not None
     try:
-        inspect.signature(handler).bind(None, *args, **kwargs)
+        handler(None, *args, **kwargs)  # what Python itself accepts
     except TypeError:
         with pytest.raises(TypeError, match="cannot enqueue 'x'"):
             arguments.check("x", args, kwargs)
@@ -316,7 +316,7 @@ def _random_signature(draw: random.Random) -> inspect.Signature:
     return inspect.Signature(parameters)
 
 
-def test_the_quick_argument_check_agrees_with_binding_for_random_signatures_and_calls():
+def test_the_argument_check_agrees_with_python_for_random_signatures_and_calls():
     from django_durq.handlers.arguments import HandlerArguments
 
     draw = random.Random(20261206)
@@ -324,11 +324,13 @@ def test_the_quick_argument_check_agrees_with_binding_for_random_signatures_and_
     for _ in range(400):
         signature = _random_signature(draw)
         arguments = HandlerArguments(_h6, signature)
+        scope: dict[str, Any] = {}
+        exec(f"def handler{signature}: pass", scope)  # a function of that signature, to call
         for _ in range(25):
             args = tuple(range(draw.randint(0, 4)))
             kwargs = dict.fromkeys(draw.sample("abcdefgh", draw.randint(0, 3)) + (["kw"] if draw.random() < 0.1 else []), 1)
             try:
-                signature.bind(*args, **kwargs)
+                scope["handler"](*args, **kwargs)  # what Python itself accepts
             except TypeError:
                 refused += 1
                 with pytest.raises(TypeError, match="cannot enqueue 'x'"):
