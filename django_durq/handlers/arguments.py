@@ -67,12 +67,12 @@ class HandlerArguments:
         """
         named = kwargs.keys()
         if not args and self.keywords_suffice and self.required <= named and (self.any_keyword or named <= self.keywords):
-            return  # the usual call, keywords only: the short way to what _refusal_reason would find
-        if not self._refusal_reason(args, kwargs):
+            return  # the usual call, keywords only: the short way to what refusal_reason would find
+        if not self.refusal_reason(args, kwargs):
             return
         unknown = [] if self.any_keyword else [key for key in kwargs if key not in self.keywords]
         # A misspelt keyword is the likelier slip than the required argument it leaves missing.
-        reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else self._refusal_reason(args, kwargs)
+        reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else self.refusal_reason(args, kwargs)
         message = f"cannot enqueue {name!r}: {reason}"
         close = difflib.get_close_matches(unknown[0], sorted(self.keywords), n=1) if unknown else []
         if close:
@@ -83,7 +83,7 @@ class HandlerArguments:
             message += f", which its first parameter, {first!r}, receives"
         raise TypeError(message)
 
-    def _refusal_reason(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
+    def refusal_reason(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
         """Why a call with these arguments after the context would raise ``TypeError``; "" when it would not."""
         named = kwargs.keys()
         given = len(args)
