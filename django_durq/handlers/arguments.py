@@ -58,22 +58,12 @@ class HandlerArguments:
         return cls(func, signature.replace(parameters=rest))
 
     def check(self, name: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
-        """Raise ``TypeError`` naming job ``name``, the handler and the argument it could not take.
-
-        The call is judged as Python would take it, by set comparisons: it runs for every enqueue
-        and before every run, where binding the signature would cost more than the rest of a no-op
-        job's run on the slot (and ``inspect.Signature.bind`` itself differs from a call in corners
-        between Python versions).
-        """
-        named = kwargs.keys()
-        if not args and self.keywords_suffice and self.required <= named and (self.any_keyword or named <= self.keywords):
-            return  # the usual call, keywords only: the short way to what refusal_reason would find
-        if not self.refusal_reason(args, kwargs):
+        """Raise ``TypeError`` naming job ``name``, the handler and the argument it could not take."""
+        reason = self.refusal(args, kwargs)
+        if not reason:
             return
-        unknown = [] if self.any_keyword else [key for key in kwargs if key not in self.keywords]
-        # A misspelt keyword is the likelier slip than the required argument it leaves missing.
-        reason = f"got an unexpected keyword argument {unknown[0]!r}" if unknown else self.refusal_reason(args, kwargs)
         message = f"cannot enqueue {name!r}: {reason}"
+        unknown = [] if self.any_keyword else [key for key in kwargs if key not in self.keywords]
         close = difflib.get_close_matches(unknown[0], sorted(self.keywords), n=1) if unknown else []
         if close:
             message += f" (did you mean {close[0]!r}?)"
@@ -83,19 +73,27 @@ class HandlerArguments:
             message += f", which its first parameter, {first!r}, receives"
         raise TypeError(message)
 
-    def refusal_reason(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
-        """Why a call with these arguments after the context would raise ``TypeError``; "" when it would not."""
+    def refusal(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
+        """Why a call with these arguments after the context would raise ``TypeError``; "" when it would not.
+
+        Judged as Python takes a call, by set comparisons: it runs for every enqueue and before
+        every run, where binding the signature would cost more than the rest of a no-op job's run
+        on the slot (and ``inspect.Signature.bind`` differs from a call in corners between Python
+        versions).
+        """
         named = kwargs.keys()
+        if not args and self.keywords_suffice and self.required <= named and (self.any_keyword or named <= self.keywords):
+            return ""  # the usual call, keywords only: the short way to what follows
+        if not self.any_keyword and not named <= self.keywords:
+            # A misspelt keyword is the likelier slip than the required argument it leaves missing.
+            return f"got an unexpected keyword argument {next(key for key in kwargs if key not in self.keywords)!r}"
         given = len(args)
         if given > len(self.positional) and not self.any_positional:
             return f"too many positional arguments ({given}; it takes {len(self.positional)})"
-        if not self.any_keyword and not named <= self.keywords:
-            return f"got an unexpected keyword argument {sorted(named - self.keywords)[0]!r}"
-        filled = self.positional[:given]
         twice = named & self._filled_keywords[min(given, len(self.positional))]
         if twice:
             return f"got multiple values for argument {sorted(twice)[0]!r}"
-        missing = self.required.difference(filled, named & self.keywords)
+        missing = self.required.difference(self.positional[:given], named & self.keywords)
         if missing:
             return f"missing a required argument: {sorted(missing)[0]!r}"
         return ""

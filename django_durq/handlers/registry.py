@@ -104,17 +104,14 @@ class JobDefinition(Generic[P, R]):
         arguments = self.arguments
         if arguments is None:
             return None
-        try:
-            arguments.check(self.name, args, kwargs)
-        except TypeError:
-            unexpected = [] if arguments.any_keyword else [key for key in kwargs if key not in arguments.keywords]
-            reason = f"unexpected keyword argument {unexpected[0]!r}" if unexpected else arguments.refusal_reason(args, kwargs)
-            return (
-                f"its stored arguments do not fit the handler {qualified_name(arguments.func)}{arguments.signature} "
-                f"(after the JobContext): {reason}; the job was queued for another version of the handler, and a "
-                "job whose arguments change needs a new name (see the rolling deploys guide)"
-            )
-        return None
+        reason = arguments.refusal(args, kwargs)
+        if not reason:
+            return None
+        return (
+            f"its stored arguments do not fit the handler {qualified_name(arguments.func)}{arguments.signature} "
+            f"(after the JobContext): {reason.removeprefix('got an ')}; the job was queued for another version of the "
+            "handler, and a job whose arguments change needs a new name (see the rolling deploys guide)"
+        )
 
     def using(
         self,
