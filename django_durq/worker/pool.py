@@ -5,7 +5,8 @@ The dispatcher claims jobs into a small ready buffer and slots take them from it
 many jobs as its slots are expected to start within ``PREFETCH`` seconds, judged by the pool's
 own recent job durations: short jobs are claimed hundreds at a time, while jobs that take
 longer than the horizon are never held back from another worker. Buffered jobs are leased and
-heartbeated like running ones, and handed back, attempt uncounted, at shutdown.
+heartbeated like running ones, and handed back, attempt uncounted, at shutdown. Only as many
+slots are awake as the buffer needs (``Slots._wake_for_buffer``): more would take the GIL in turn.
 
 Every claim is an :class:`~.attempt.Attempt`, entered in the process's book before a slot can
 see it and left there until its outcome is committed; the lease keeper renews what the book
@@ -55,7 +56,7 @@ from .completions import COMPLETION_HOLD_MS, FLUSH_BATCH
 from .flow_gate import FlowGate
 from .held_places import HeldPlaces
 from .pause_guard import PauseGuard
-from .slots import Slots
+from .slots import HEAD_STALL_S, Slots
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -88,10 +89,12 @@ class Pool(Slots):
         self._finished_results: dict[Lease, Completion] = {}  # set by the executor on the slot's thread
         self._closing = False
         self._busy = 0
+        self._sleeping = 0  # slots waiting for a buffered job that nobody has woken yet
         self._threads: list[threading.Thread] = []
         self._completions_since = 0.0
         # Mean handler time per job (seconds), smoothed; decides how far ahead to claim.
         self._mean_job_s: float | None = None
+        self._quick_job_s: float | None = None  # the faster jobs' time: decides how many slots to wake
         self._low_water = 0  # a slot that leaves this many buffered jobs kicks the dispatcher
         self._named = False  # a wake-up named this queue since the dispatcher last looked
         self._offered = 0  # jobs this pool said it had a free slot for since then (see _wake)
@@ -172,6 +175,8 @@ class Pool(Slots):
                     # Jobs claimed ahead that waited too long because a long job took their slot
                     # (not merely because every commit is slow) go back to other workers.
                     stale = ready > 0 and now_mono - self._ready[0].buffered_at >= BUFFER_MAX_WAIT_S
+                    self._wake_for_buffer(now_mono)
+                    sleeping = self._sleeping
                 if stale and longest_s >= BUFFER_MAX_WAIT_S:
                     self._hand_back(everything=False)  # the counts above then overstate what is held: no over-claim
                 want = target - held
@@ -183,7 +188,7 @@ class Pool(Slots):
                 overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
                 flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
                 if ready:
-                    wait_s = min(wait_s, BUFFER_MAX_WAIT_S)
+                    wait_s = min(wait_s, HEAD_STALL_S if sleeping else BUFFER_MAX_WAIT_S)
                 if not refill and not flush:
                     if pending:
                         wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
@@ -254,6 +259,7 @@ class Pool(Slots):
             self.flush_completions()
             with self._has_ready:
                 self._closing = True
+                self._sleeping = 0
                 self._has_ready.notify_all()
             connections.close_all()  # this thread's: the server sees the session end, not a dropped socket
             self.finished.set()
@@ -285,7 +291,7 @@ class Pool(Slots):
         with self._has_ready:
             self.pause_guard.saw_active(claimed_mono)  # the claim that took them read the queue not paused
             self._ready.extend(attempts)
-            self._has_ready.notify(len(attempts))
+            self._wake_for_buffer(time.monotonic())
 
     def _sharing(self) -> bool:
         """Whether another connection wrote to the database lately (SQLite's ``data_version`` moved)."""

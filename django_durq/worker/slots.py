@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -22,6 +23,8 @@ logger = logging.getLogger("django_durq")
 TIMEOUT_GRACE_MS = 1_000
 # A slot idle for longer than this checks its connections before the next handler runs.
 IDLE_CHECK_S = 1.0
+# A handler running this long no longer counts as a slot about to start buffered jobs (see _wake_for_buffer).
+HEAD_STALL_S = 0.005
 
 
 class Slots(ClaimAhead):
@@ -32,6 +35,8 @@ class Slots(ClaimAhead):
     _has_ready: threading.Condition
     _running: set[Attempt]
     _busy: int
+    _sleeping: int
+    _quick_job_s: float | None
     _closing: bool
     _threads: list[threading.Thread]
     _completions_since: float
@@ -59,6 +64,67 @@ class Slots(ClaimAhead):
         """Jobs this pool holds a lease on and has not finished: running plus buffered."""
         with self._lock:
             return self._busy + len(self._ready)
+
+    def _slots_wanted(self, buffered: int) -> int:
+        """How many awake slots start ``buffered`` jobs within the prefetch horizon.
+
+        Judged by the pool's quick job time (see ``_learn_job_time``); every slot while that is
+        unknown, or when nothing is claimed ahead (``PREFETCH`` 0).
+        """
+        quick = self._quick_job_s
+        if quick is None or not self.prefetch_ms:
+            return self.concurrency
+        return min(self.concurrency, max(1, math.ceil(buffered * quick * 1000 / self.prefetch_ms)))
+
+    def _learn_job_time(self, took_s: float) -> None:
+        """Fold a job's time on its slot into the pool's mean (claiming ahead) and quick time (waking slots).
+
+        The quick time follows the faster jobs: it falls at once and rises by a sixty-fourth of
+        the gap. A job's time on its slot includes its waits for the GIL, which grow with every
+        slot awake and with the dispatcher's work on a claim; a mean would read those waits as
+        longer jobs and wake more slots, which wait longer still.
+        """
+        mean, quick = self._mean_job_s, self._quick_job_s
+        self._mean_job_s = took_s if mean is None else mean + (took_s - mean) / 8
+        self._quick_job_s = took_s if quick is None or took_s < quick else quick + (took_s - quick) / 64
+
+    def _wake_for_buffer(self, now_mono: float | None = None) -> None:
+        """Wake sleeping slots until enough are awake for the buffer (the caller holds the lock).
+
+        A pool keeps no more slots awake than its buffered jobs need: for jobs of microseconds one
+        slot starts a claim's hundreds within the horizon, and every further awake slot would only
+        take Python's GIL in turn with it (each handler's system call hands it over), which slows
+        all of them; a surplus slot goes back to sleep (``_next_job``). Given ``now_mono`` (the
+        dispatcher's passes, at most ``HEAD_STALL_S`` apart while jobs wait and a slot sleeps), a
+        slot whose handler has run longer than ``HEAD_STALL_S`` is not counted as one that will
+        start them: a long job never holds buffered ones back while another slot sleeps.
+        """
+        sleeping = self._sleeping
+        if not sleeping or not self._ready:
+            return
+        available = self.concurrency - sleeping
+        if now_mono is not None:
+            available -= self._held_up(now_mono)
+        wake = self._slots_wanted(len(self._ready)) - available
+        if wake > 0:
+            wake = min(wake, sleeping)
+            self._sleeping = sleeping - wake
+            self._has_ready.notify(wake)
+
+    def _held_up(self, now_mono: float) -> int:
+        """Awake slots whose handler has run longer than ``HEAD_STALL_S`` (the caller holds the lock)."""
+        since = now_mono - HEAD_STALL_S
+        return sum(1 for attempt in self._running if attempt.ctx.started_mono < since)
+
+    def _surplus(self) -> bool:
+        """Whether this slot, about to take a buffered job, is one more than the buffer needs (lock held).
+
+        Slots held up by long handlers do not count: the ones between jobs must be enough.
+        """
+        awake = self.concurrency - self._sleeping
+        if awake <= 1:
+            return False
+        return awake - self._held_up(time.monotonic()) > self._slots_wanted(len(self._ready))
 
     def _next_job(self, finished: Attempt | None) -> Attempt | None:
         """Retire the slot's finished attempt and take the next buffered one; None when this thread should end.
@@ -89,10 +155,11 @@ class Slots(ClaimAhead):
                     return None  # a replacement thread already took this slot
                 self._busy -= 1
             # Once claiming stops, buffered jobs are no longer started: the dispatcher hands them back.
-            while not self._ready or runtime.stop_claiming.is_set():
+            while not self._ready or runtime.stop_claiming.is_set() or self._surplus():
                 if self._closing:
                     return None
                 self.kick.set()  # a free slot (and maybe a completion): the dispatcher may act
+                self._sleeping += 1  # whoever wakes this slot counts it awake again
                 self._has_ready.wait()
             attempt = self._ready.popleft()
             attempt.state = RUNNING
@@ -147,9 +214,7 @@ class Slots(ClaimAhead):
                 self.kick.set()
             slot_connections.tidy()
             idle_since = time.monotonic()
-            took = idle_since - started
-            mean = self._mean_job_s
-            self._mean_job_s = took if mean is None else mean + (took - mean) / 8
+            self._learn_job_time(idle_since - started)
             if outcome != ABANDONED:
                 runtime.job_done(outcome)
         connections.close_all()  # the slot's, handlers' own included

@@ -155,6 +155,26 @@ def test_a_job_cancelled_while_buffered_never_runs(spawn_worker):
     assert worker.wait(timeout=20) == 0
 
 
+def test_jobs_claimed_behind_a_long_handler_start_on_a_slot_that_slept(spawn_worker, tmp_path):
+    """A pool wakes only the slots its buffer needs by its mean job time: after hundreds of no-op
+    jobs, one slot for a claim of many. When that slot's next handler runs long, the jobs behind
+    it must not wait for it (nor be handed back and claimed again) while the other slot sleeps.
+    """
+    jobs.noop.using(priority=10).enqueue_many([{} for _ in range(500)])
+    began = tmp_path / "long-began"
+    long = jobs.until_stopped.using(priority=5).enqueue(seconds=30, tag="long", began=str(began))
+    behind = jobs.stamp.enqueue_many([{"tag": "behind"} for _ in range(100)])
+    worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_PREFETCH": "30"})
+    wait_until(began.exists, 60, "the long handler to start")
+    # Without a slot woken for them they trickle: a few per hand-back, one every 0.25 s.
+    wait_until(lambda: Effect.objects.filter(tag="behind").count() == len(behind), 5, "the jobs behind the long one")
+    assert Job.objects.get(pk=long.pk).status == Status.RUNNING, worker.output()
+    assert not Job.objects.filter(pk__in=[j.pk for j in behind], attempts__gt=1).exists()
+    assert "handed back" not in worker.output()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+
+
 def test_prefetch_0_claims_only_for_free_slots(spawn_worker):
     jobs.effect_fast.using(queue="default", priority=10).enqueue_many([{"tag": "quick"} for _ in range(5)])
     jobs.until_stopped.enqueue_many([{"seconds": 60, "tag": f"b{n}"} for n in range(10)])
