@@ -100,6 +100,17 @@ def test_only_jobs_counted_against_a_running_limit_take_places(clock):
 
 
 @pytest.mark.django_db
+def test_a_place_holds_the_key_and_the_limit_its_job_was_counted_with(clock):
+    first = jobs.one_per_key.enqueue(key="k1", log="/dev/null")
+    second = jobs.one_per_key.enqueue(key="k2", log="/dev/null")
+    claimed = claim(clock, "default")
+    assert sorted(job.id for job in claimed) == [first.pk, second.pk] and all(job.placed for job in claimed)
+    held = LimitPlace.objects.values_list("job_id", "claim_token", "queue", "limit_key", "limit_running", "worker_id", "taken_ms")
+    now = clock.now_ms()
+    assert sorted(held) == [(first.pk, 1, "default", "k1", 1, "w1", now), (second.pk, 1, "default", "k2", 1, "w1", now)]
+
+
+@pytest.mark.django_db
 def test_a_key_at_its_limit_in_one_queue_holds_back_its_jobs_in_another_queue(clock):
     jobs.one_per_key.enqueue(key="video-7", log="/dev/null")
     (held,) = claim(clock, "default")
