@@ -88,23 +88,21 @@ class Slots(ClaimAhead):
         self._mean_job_s = took_s if mean is None else mean + (took_s - mean) / 8
         self._quick_job_s = took_s if quick is None or took_s < quick else quick + (took_s - quick) / 64
 
-    def _wake_for_buffer(self, now_mono: float | None = None) -> None:
+    def _wake_for_buffer(self, now_mono: float) -> None:
         """Wake sleeping slots until enough are awake for the buffer (the caller holds the lock).
 
         A pool keeps no more slots awake than its buffered jobs need: for jobs of microseconds one
         slot starts a claim's hundreds within the horizon, and every further awake slot would only
         take Python's GIL in turn with it (each handler's system call hands it over), which slows
-        all of them; a surplus slot goes back to sleep (``_next_job``). Given ``now_mono`` (the
-        dispatcher's passes, at most ``HEAD_STALL_S`` apart while jobs wait and a slot sleeps), a
-        slot whose handler has run longer than ``HEAD_STALL_S`` is not counted as one that will
-        start them: a long job never holds buffered ones back while another slot sleeps.
+        all of them; a surplus slot goes back to sleep (``_next_job``). A slot whose handler has
+        run longer than ``HEAD_STALL_S`` at ``now_mono`` is not counted as one that will start
+        them, and the dispatcher looks at most that often while jobs wait and a slot sleeps: a
+        long job never holds buffered ones back while another slot sleeps.
         """
         sleeping = self._sleeping
         if not sleeping or not self._ready:
             return
-        available = self.concurrency - sleeping
-        if now_mono is not None:
-            available -= self._held_up(now_mono)
+        available = self.concurrency - sleeping - self._held_up(now_mono)
         wake = self._slots_wanted(len(self._ready)) - available
         if wake > 0:
             wake = min(wake, sleeping)
