@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .rows import JOB, Lease, Renewal, _fence
+from .rows import JOB, Lease, Renewal, _fence, integer_pairs
 from .statements import Statements
 
 
@@ -17,18 +17,20 @@ class LeaseStatements(Statements):
     def held_many(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         """A condition matching the running rows still held under these (id, claim token) pairs.
 
-        Dialects that can pass the pairs as one array parameter override this, so the SQL text
-        stays the same for every batch size and the driver's statement cache can keep it.
+        One row-value ``IN`` list of integers written into the text (``integer_pairs``): MariaDB
+        plans it as ranges of the primary key, where an ``OR`` of as many ``id = … AND
+        claim_token = …`` (``_fence``) cost its optimizer a quarter of the kept batch's
+        ``UPDATE``. Dialects that can pass the pairs as one array parameter override this, so the
+        SQL text stays the same for every batch size and the driver's statement cache can keep
+        it (SQLite's ``IN`` takes no list of row values).
         """
-        fence, params = _fence(leases)
-        return f"status = 'running' AND {fence}", params
+        return f"status = 'running' AND (id, claim_token) IN ({integer_pairs(leases)})", []
 
     def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         """A condition matching the rows of a table keyed by attempt (``job_id``, ``claim_token``): the
         places under limits (db/places.py). Dialects that can pass the pairs as arrays override it.
         """
-        pairs = ", ".join(["(%s, %s)"] * len(leases))
-        return f"(job_id, claim_token) IN ({pairs})", [value for lease in leases for value in lease]
+        return f"(job_id, claim_token) IN ({integer_pairs(leases)})", []
 
     def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
         """Extend leases to at least ``now_ms`` + their length, each matched by its own (id, token).

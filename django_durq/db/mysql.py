@@ -18,6 +18,7 @@ from django.db import transaction
 from . import gates
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal
 from .mysql_claims import CLAIM_TURN_WAIT_S, EXPIRED_LOOK_MS, claims
+from .rows import integer_list
 
 _COLUMNS = ", ".join(CLAIM_COLUMNS) + ", status, claimed_by"
 
@@ -80,6 +81,19 @@ def watcher_look(gaps: int, queues: int) -> str:
         parts += [f"(SELECT NULL, queue FROM {JOB} WHERE {due} LIMIT 1)"] * queues
     return " UNION ALL ".join(parts)
 
+
+# A batch of finished jobs kept (``finish_many``): one JSON text of [id, token, finished at,
+# result] per job, unpacked by JSON_TABLE and joined to the rows by their attempt. The shared
+# statement's two lists of the batch's length (``CASE id WHEN …`` and the (id, token) pairs) cost
+# the driver an escaped literal per value, and the server a parse of both, on every batch. Each
+# assignment reads only the batch's values: a multi-table UPDATE assigns in no set order.
+_FINISH = (
+    f"UPDATE {JOB} AS j JOIN JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$[0]', token BIGINT PATH '$[1]',"
+    " finished_ms BIGINT PATH '$[2]', result LONGTEXT CHARACTER SET utf8mb4 PATH '$[3]')) AS kept"
+    " ON j.id = kept.id AND j.claim_token = kept.token"
+    " SET j.status = 'finished', j.lease_expires_ms = NULL, j.finished_ms = kept.finished_ms, j.result = kept.result"
+    " WHERE j.status = 'running' AND NOT j.stop_requested"
+)
 
 # A named lock per dedupe key (hashed: lock names are short), scoped to the queue's database.
 _TURN = "CONCAT('durq:', SHA1(CONCAT(DATABASE(), ':', %s)))"
@@ -168,13 +182,13 @@ class MySQLDialect(Dialect):
                 self._release(_CLAIM_TURN, queue)
 
     def claim_ids(self, picks: Sequence[tuple[int, str | None]], now_ms: int, worker_id: str) -> list[ClaimedJob]:
-        marks = ", ".join(["%s"] * len(picks))
-        pairs = ", ".join(["(%s, %s)"] * len(picks))
+        ids = integer_list(job_id for job_id, _ in picks)
+        pairs = ", ".join([f"({int(job_id)}, %s)" for job_id, _ in picks])
         rows = self.fetchall(
-            f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({marks}) AND (id, COALESCE(limit_key, '')) IN ({pairs})"
+            f"SELECT {_COLUMNS} FROM {JOB} WHERE id IN ({ids}) AND (id, COALESCE(limit_key, '')) IN ({pairs})"
             " AND ((status = 'waiting' AND run_at_ms <= %s) OR (status = 'running' AND lease_expires_ms <= %s))"
             " FOR UPDATE SKIP LOCKED",
-            [*(job_id for job_id, _ in picks), *(v for job_id, key in picks for v in (job_id, key or "")), now_ms, now_ms],
+            [*(key or "" for _, key in picks), now_ms, now_ms],
         )
         return self._take(rows, now_ms, worker_id)
 
@@ -182,13 +196,12 @@ class MySQLDialect(Dialect):
         """Claim rows this transaction has locked; the new token and attempt count are computed from what was read."""
         if not rows:
             return []
-        ids = [row[0] for row in rows]
-        marks = ", ".join(["%s"] * len(ids))
+        ids = integer_list(row[0] for row in rows)
         self.execute(
             f"UPDATE {JOB} SET reclaimed_from = CASE WHEN status = 'running' THEN claimed_by ELSE NULL END,"
             " status = 'running', attempts = attempts + 1, claim_token = claim_token + 1,"
-            f" claimed_by = %s, started_ms = %s, lease_expires_ms = %s + lease_ms WHERE id IN ({marks})",
-            [worker_id, now_ms, now_ms, *ids],
+            f" claimed_by = %s, started_ms = %s, lease_expires_ms = %s + lease_ms WHERE id IN ({ids})",
+            [worker_id, now_ms, now_ms],
         )
         jobs = []
         width = len(CLAIM_COLUMNS)
@@ -216,16 +229,25 @@ class MySQLDialect(Dialect):
             rows = self.fetchall(pick, params)
             renewed = {(row[0], row[1]): bool(row[2]) for row in rows}
             if rows:
-                marks = ", ".join(["%s"] * len(rows))
+                ids = integer_list(row[0] for row in rows)
                 self.execute(
-                    f"{bound}UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms) WHERE id IN ({marks})",
-                    [now_ms, *(row[0] for row in rows)],
+                    f"{bound}UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms) WHERE id IN ({ids})",
+                    [now_ms],
                 )
             busy: set[Lease] = set()
             if len(renewed) < len(set(leases)):
                 busy = {(row[0], row[1]) for row in self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE {held}", params)}
                 busy -= renewed.keys()
         return Renewal(renewed, busy)
+
+    def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
+        if not kept:
+            return set()
+        leases = [lease for lease, _, _ in kept]
+        batch = json.dumps([[job_id, token, finished_ms, result] for (job_id, token), finished_ms, result in kept])
+        if self.execute(_FINISH, [batch]) == len(kept):
+            return set(leases)
+        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     @contextlib.contextmanager
     def dedupe_turn(self, key: str) -> Iterator[None]:

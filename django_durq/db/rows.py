@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,3 +108,18 @@ def _fence(leases: Sequence[Lease]) -> tuple[str, list[int]]:
     for job_id, token in leases:
         params.extend((job_id, token))
     return f"({clause})", params
+
+
+def integer_list(values: Iterable[int]) -> str:
+    """``1, 2, 3``: integers a statement takes by the batch, written into its text instead of bound.
+
+    Where the driver interpolates bound values itself (mysqlclient, MariaDB's), it escapes each
+    in Python, 1-2 µs a value: several per job of a batch, on the thread that claims for every
+    slot. ``int()`` keeps the text a list of numbers whatever the caller passed.
+    """
+    return ", ".join([str(int(value)) for value in values])
+
+
+def integer_pairs(leases: Sequence[Lease]) -> str:
+    """``(1, 7), (2, 14)``: (id, claim token) pairs for a row-value ``IN`` list, written as :func:`integer_list`."""
+    return ", ".join([f"({int(job_id)}, {int(token)})" for job_id, token in leases])

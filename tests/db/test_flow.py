@@ -157,8 +157,22 @@ def test_a_key_at_its_limit_is_skipped_and_other_keys_start(clock):
     assert Job.objects.filter(pk=hot[1].pk, status="waiting", attempts=0).exists()
 
 
-# Keys and results travel to PostgreSQL as the text of an array literal: none may change on the way.
-ODD_TEXTS = ['with "quotes"', "back\\slash", "end\\", "a,b", "{braces}", "NULL", " spaced ", "it's", "ünï 键"]
+# Keys and results travel to PostgreSQL as the text of an array literal, and a kept batch's
+# results to MariaDB inside a JSON text: none may change on the way.
+ODD_TEXTS = [
+    'with "quotes"',
+    "back\\slash",
+    "end\\",
+    "a,b",
+    "{braces}",
+    "NULL",
+    " spaced ",
+    "it's",
+    "ünï 键",
+    "line\nbreak\ttab",
+    "\\u00e9 as written",
+    "four bytes 🎉",
+]
 
 
 def test_keys_and_results_of_any_content_are_claimed_and_kept_as_written(clock):
