@@ -208,7 +208,8 @@ KINDS = [
     ("completion: delete", re.compile(r"^DELETE FROM durq_job WHERE")),
     (
         "completion: keep as finished",
-        re.compile(r"^UPDATE durq_job SET status = \S+, lease_expires_ms = \S+, finished_ms = CASE"),
+        # Every dialect's form: a CASE list, arrays (PostgreSQL), a JSON text joined (SQLite, MariaDB).
+        re.compile(r"^UPDATE durq_job (AS j JOIN .*)?SET (j\.)?status = \S+, (j\.)?lease_expires_ms = \S+, (j\.)?finished_ms ="),
     ),
     (
         "lease renewal",
