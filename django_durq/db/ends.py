@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,11 @@ from .rows import JOB, Lease, _fence
 
 class EndStatements(LeaseStatements):
     """Every write that ends an attempt, each fenced by its lease."""
+
+    # A dialect's kept batch as one statement taking one JSON text of [id, claim token, finished
+    # at, result] per job, joined to the rows by attempt (SQLite, MariaDB); None: the shared
+    # statement, whose lists grow with the batch.
+    finish_json_sql: str | None = None
 
     def complete(self, leases: Sequence[Lease]) -> set[Lease]:
         """Delete finished jobs (the default: nothing kept); returns the leases that were still held."""
@@ -37,11 +43,24 @@ class EndStatements(LeaseStatements):
         """Keep a batch of finished jobs (lease, finished at, result text) in one statement.
 
         Returns the leases that were still held. Finished history is on by default, so this is
-        the common completion: one UPDATE per batch, as the delete is one DELETE per batch.
+        the common completion: one UPDATE per batch, as the delete is one DELETE per batch. A job
+        an operator asked to stop, even one whose handler returned before a heartbeat told it,
+        is left running for the caller to end cancelled (cancel_running), and to say so.
         """
         if not kept:
             return set()
         leases = [lease for lease, _, _ in kept]
+        if self.finish_json_sql is not None:
+            batch = json.dumps([[job_id, token, finished_ms, result] for (job_id, token), finished_ms, result in kept])
+            updated = self.execute(self.finish_json_sql, [batch])
+        else:
+            updated = self._finish_listed(kept, leases)
+        if updated == len(kept):
+            return set(leases)
+        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
+
+    def _finish_listed(self, kept: Sequence[tuple[Lease, int, str | None]], leases: list[Lease]) -> int:
+        """The shared kept batch: its finish times and results as ``CASE id`` lists, its fence as ``held_many``'s."""
         held, held_params = self.held_many(leases)
         finished_at = " ".join(["WHEN %s THEN %s"] * len(kept))
         params: list[Any] = [value for (job_id, _), finished_ms, _ in kept for value in (job_id, finished_ms)]
@@ -50,16 +69,11 @@ class EndStatements(LeaseStatements):
         if results:
             result_sql = f"CASE id {' '.join(['WHEN %s THEN %s'] * len(results))} ELSE NULL END"
             params.extend(value for pair in results for value in pair)
-        # A job an operator asked to stop, even one whose handler returned before a heartbeat told
-        # it, is left running for the caller to end cancelled (cancel_running), and to say so.
-        updated = self.execute(
+        return self.execute(
             f"UPDATE {JOB} SET status = 'finished', lease_expires_ms = NULL, finished_ms = CASE id {finished_at} END,"
             f" result = {result_sql} WHERE {held} AND NOT stop_requested",
             params + held_params,
         )
-        if updated == len(kept):
-            return set(leases)
-        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     def retry_later(self, lease: Lease, run_at_ms: int, now_ms: int, errors: str) -> bool:
         """Put a failed job back to wait for its next attempt; False if no longer held or asked to stop.

@@ -108,6 +108,7 @@ _LOCK_ERRNOS = {1213, 1205}
 
 class MySQLDialect(Dialect):
     vendor = "mysql"
+    finish_json_sql = _FINISH
     exclusivity = "any number of hosts"
     # Bulk enqueue, on MariaDB (≥ 10.6 here; its INSERT can return ids): JSON_TABLE unpacks the texts.
     arguments_source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY, a LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS jt"
@@ -239,15 +240,6 @@ class MySQLDialect(Dialect):
                 busy = {(row[0], row[1]) for row in self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE {held}", params)}
                 busy -= renewed.keys()
         return Renewal(renewed, busy)
-
-    def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
-        if not kept:
-            return set()
-        leases = [lease for lease, _, _ in kept]
-        batch = json.dumps([[job_id, token, finished_ms, result] for (job_id, token), finished_ms, result in kept])
-        if self.execute(_FINISH, [batch]) == len(kept):
-            return set(leases)
-        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     @contextlib.contextmanager
     def dedupe_turn(self, key: str) -> Iterator[None]:

@@ -81,6 +81,7 @@ WHERE {JOB}.id = done.id AND {JOB}.claim_token = done.token AND {JOB}.status = '
 
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
+    finish_json_sql = _FINISH
     exclusivity = "processes on one host sharing the database file"
     serialized_writes = True
     claim_index_hint = "INDEXED BY durq_job_claim"
@@ -128,15 +129,6 @@ class SQLiteDialect(Dialect):
             return super().renew(leases, now_ms)
         finally:
             self.execute(f"PRAGMA busy_timeout = {waits}")
-
-    def finish_many(self, kept: Sequence[tuple[Lease, int, str | None]]) -> set[Lease]:
-        if not kept:
-            return set()
-        leases = [lease for lease, _, _ in kept]
-        rows = json.dumps([[job_id, token, finished_ms, result] for (job_id, token), finished_ms, result in kept])
-        if self.execute(_FINISH, [rows]) == len(kept):
-            return set(leases)
-        return self.finished_leases(leases)  # only this attempt's own token can have finished its row
 
     def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[object]]:
         return _ATTEMPTS, [json.dumps(leases)]
