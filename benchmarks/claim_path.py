@@ -18,6 +18,7 @@ elsewhere), sides taken in turn for ``--repeats`` repeats.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import subprocess
@@ -69,9 +70,11 @@ def _measure(db: str, jobs: str, count: int, batch: int, rounds: int) -> list[fl
         clock = time.process_time if vendor == "sqlite" else time.perf_counter
         now_ms, kept, free, done = time.time_ns() // 1_000_000, [], [], 0
         started = clock()
+        # Since a running row is its own place, a kept batch frees a place only where one was written.
+        frees = "placed" if "placed" in inspect.signature(dialect.complete_and_claim).parameters else "free_places"
         while True:
             _, claimed = dialect.complete_and_claim(
-                [], "default", batch, now_ms, "bench:1", kept=kept, limits=limits, free_places=free
+                [], "default", batch, now_ms, "bench:1", kept=kept, limits=limits, **{frees: free}
             )
             if not claimed and not kept:
                 break

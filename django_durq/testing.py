@@ -48,7 +48,7 @@ def drain(queue: str | None = None, clock: Clock | None = None, max_jobs: int = 
                 try:
                     outcomes[executor.run(job, ctx)] += 1
                 finally:
-                    if job.placed:  # the handler has returned: its place under a limit is free
+                    if job.placed:  # the handler has returned: a place row written for it meanwhile is free
                         store.retrying("free place", partial(places.free, leases=[ctx.lease]))
                 ran = True
         if not ran:

@@ -61,7 +61,8 @@ class Admission:
     """Places and starts counted for one claim of ``queue``, and the jobs admitted so far.
 
     A claim builds it once it holds its turns (``db/gates.py``), so what it counts cannot grow
-    under it (places and starts are added only by claims holding the same turns); the idle probe
+    under it (running rows and starts are added only by claims holding the same turns, and a place
+    row only for a handler whose row is still counted, or in the step that ends it); the idle probe
     builds one without turns, as an estimate that locks nothing.
     """
 
@@ -71,8 +72,8 @@ class Admission:
         self.now_ms = now_ms
         self.limits = limits
         # Places are counted once per claim: while it holds its turns only handlers that end can
-        # change them, by freeing places, so the count is never below the truth.
-        self.queue_running, self.key_running = places.counts(dialect, queue)  # per key: every queue
+        # change them, by ending their rows or freeing places, so the count is never below the truth.
+        self.queue_running, self.key_running = places.counts(dialect, queue, now_ms)  # per key: every queue
         self.logs: dict[str, ScopeLog] = {}
         self.periods: dict[str, int] = {}  # per scope, the longest window checked there
         if limits.rate is not None:

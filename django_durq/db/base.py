@@ -75,6 +75,10 @@ class Dialect(EndStatements):
         "INSERT INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
         " ON CONFLICT (queue) DO NOTHING"
     )
+    # An ``INSERT … SELECT`` that leaves out the rows whose unique key is already there:
+    # "{insert_ignoring} INTO table (…) SELECT … WHERE …{conflicts_ignored}".
+    insert_ignoring = "INSERT"
+    conflicts_ignored = " ON CONFLICT DO NOTHING"
 
     # --- what differs per database -------------------------------------------------------
 
@@ -220,18 +224,22 @@ class Dialect(EndStatements):
         free_places: Sequence[Lease] = (),
         outlook: Outlook | None = None,
         count: Callable[[Dialect, set[Lease], list[ClaimedJob]], None] | None = None,
+        placed: Sequence[Lease] = (),
     ) -> tuple[set[Lease], list[ClaimedJob]]:
         """Record finished jobs and claim the next ones in one transaction: one commit, not two.
 
         ``leases`` are deleted; ``kept`` rows of (lease, finished at, result text) stay as
-        finished jobs (retention on). ``free_places``: attempts whose handlers have ended, whose
-        places under limits (db/places.py) are freed first, so the claim may give them on.
-        ``count`` is told, in the same transaction, what was completed and claimed (db/counters.py).
+        finished jobs (retention on). Places under limits (db/places.py) are freed first, so the
+        claim may give them on: those of ``free_places``, attempts whose handlers have ended, and
+        those of ``placed``, the attempts completed here that counted against a running limit,
+        whose row was their place unless this batch found it taken over or buried (then a place
+        row may hold their handler). ``count`` is told, in the same transaction, what was
+        completed and claimed (db/counters.py).
         """
         own = not self.connection.in_atomic_block
         with transaction.atomic(using=self.connection.alias):
             done = self.complete(leases) | self.finish_many(kept)
-            places.free(self, free_places)
+            places.free(self, [*free_places, *(lease for lease in placed if lease not in done)])
             if own and limits is not None and limit > 0:
                 self.bound_turns()  # the claim below may give up on its turns; these completions stand
             claimed = self.claim_next(queue, limit, now_ms, worker_id, limits, clock, outlook) if limit > 0 else []

@@ -3,10 +3,11 @@
 A limit is enforced *inside* the claim, never after it: a job that may not start yet stays
 waiting with its attempts unspent and its place in the order kept, and the claim takes the next
 job instead (``db/admission.py``). What counts is read from rows, never from permits in a
-worker's memory: places held by running handlers (``db/places.py``) and starts logged in each
-rate's window (``db/starts.py``). One transaction takes the claimer's turns (``db/gates.py``),
-counts, claims what it admitted, takes those jobs' places and logs their starts, so two claimers
-never both see the last free place.
+worker's memory: places held by running handlers (``db/places.py``: running rows, and the
+handlers that outlived theirs) and starts logged in each rate's window (``db/starts.py``). One
+transaction takes the claimer's turns (``db/gates.py``), counts, claims what it admitted (whose
+rows are then their places) and logs their starts, so two claimers never both see the last free
+place.
 
 The fast claim (``Dialect.claim``) leaves limited jobs alone; a pool claims through here once its
 queue has limits in the settings or limited jobs in the table.
@@ -54,8 +55,9 @@ def claim_limited(
 
     With ``clock``, the time is read again once the turns are taken: a claimer that waited for
     its turn must not log its starts at the time it began to wait, behind starts logged meanwhile.
-    Each job claimed that counts against a running limit gets its place (``ClaimedJob.placed``),
-    which its worker frees when the handler's thread is done with it.
+    Each job claimed that counts against a running limit is marked ``ClaimedJob.placed``: its row
+    is its place while it runs, and a place row written for a handler that outlives its attempt
+    is freed by its worker when the handler's thread is done with it.
     """
     if outlook is not None:
         outlook.opens_at_ms = None
@@ -104,7 +106,8 @@ def _claim_in_turn(
     counted = {candidate.id: candidate for candidate in accepted}
     for job in jobs:
         job.placed = places.needs_place(counted[job.id].key, limits.max_running)
-    places.take(dialect, worker_id, now_ms, [(job.id, job.claim_token) for job in jobs if job.placed])
+    # A claimed job's row is its place; an attempt taken over may still have a handler running.
+    places.hold_taken_over(dialect, now_ms, [job.id for job in jobs if job.placed and job.reclaimed_from is not None])
     admission.record_starts([counted[job.id] for job in jobs])
     return jobs
 

@@ -115,6 +115,8 @@ class MySQLDialect(Dialect):
     argument_column = "jt.a"
     ordinal_column = "jt.n"
     claim_index_hint = "FORCE INDEX (durq_job_claim)"
+    insert_ignoring = "INSERT IGNORE"
+    conflicts_ignored = ""
     insert_control = "INSERT IGNORE INTO durq_queue_control (queue, paused, limited, updated_ms) VALUES (%s, FALSE, TRUE, %s)"
     turn_wait = f"SET STATEMENT innodb_lock_wait_timeout = {gates.TURN_WAIT_S} FOR "
 

@@ -1,26 +1,31 @@
-"""Places: one row per handler of a limited job, held from its claim until its thread ends.
+"""Places: what a running limit counts, one per handler of a limited job until its thread ends.
 
-Limits count places, never rows whose status is ``running``. A job's row stops being ``running``
-when its attempt is settled (finished, failed at its timeout, handed back) or is taken over after
-its lease lapsed, and a handler can outlive all of these: Python cannot stop a thread, a
-timed-out handler is abandoned and runs on, a paused process (SIGSTOP, a long stall) resumes
-where it was. A place goes with the handler instead:
+Limits count handlers, and a handler is counted in one of two ways:
 
-- taken in the limited claim's own transaction, for each job the claim admits that has a limit
-  key or whose queue has a ``max_running`` (jobs claimed ahead hold theirs from then on);
-- freed by the worker when the handler's thread is done with the attempt (its completion's
-  transaction, or right after any other outcome), or when it hands back a job that never started;
-- freed for a worker process that has ended by the maintenance duty that removes worker rows
-  (:func:`free_ended`): the places of every worker that has no row any more.
+- **its attempt's row**, while the row is ``running`` under that attempt: from the claim (jobs
+  claimed ahead included) until the attempt is settled. This is every handler that ends the usual
+  way, so a limited claim writes nothing for its places and a completion frees nothing;
+- **a place row** (``durq_limit_place``), for a handler that outlives its attempt's row. Python
+  cannot stop a thread: a timed-out handler is abandoned and runs on, and a paused process
+  (``SIGSTOP``, a long stall) resumes where it was after its lease ran out and its job was claimed
+  again or buried. Whoever ends the row under a handler that may still run writes its place in
+  the same step: the worker whose handler ran past its timeout (:func:`hold_abandoned`, before it
+  fails the attempt), the claim that takes over an expired attempt (:func:`hold_taken_over`) and
+  the sweep that buries one (:func:`hold_buried`), the last two only while the old attempt's
+  worker still has a row. The handler's worker frees it when the thread is done with the attempt.
 
 So a key's or a queue's place is held for as long as a handler runs, and until its process is
-known to have ended: at once for a process that exited or was killed (its presence lock is
-released, and the duty runs every few seconds); for a process that is paused or cut off, after a
-PostgreSQL or MariaDB session stays silent for ``session_presence.SESSION_IDLE_S``, or after ten missed
-heartbeats where a worker holds no presence lock. On SQLite a paused process keeps its lock, and
-its places, until it resumes or ends.
+known to have ended: a running row stops counting once its lease has run out and its worker's
+row is gone, and the place rows of a worker whose row is gone are freed (:func:`free_ended`). The
+maintenance duty removes the row of a process that exited or was killed at once (its presence lock
+is released, and the duty runs every few seconds), taking over its running jobs in the same pass;
+a process that is paused or cut off keeps its row until a PostgreSQL or MariaDB session stays
+silent for ``session_presence.SESSION_IDLE_S``, or ten heartbeats are missed where a worker holds
+no presence lock. On SQLite a paused process keeps its lock, and its places, until it resumes or
+ends.
 
-Only limited jobs pay for places: the fast claim never reads or writes this table.
+Only limited jobs pay for places, and only when a handler outlives its attempt: the fast claim
+never reads this table, and a limited claim reads it with the running rows in one statement.
 """
 
 from __future__ import annotations
@@ -28,12 +33,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .rows import JOB
+
 if TYPE_CHECKING:
     from .base import Dialect, Lease
 
 PLACES = "durq_limit_place"
-JOB = "durq_job"
 WORKERS = "durq_worker"
+
+# Every place held now, as rows of (queue, limit key, the job's own max_running): the running
+# attempts still counted, then the handlers that outlived theirs. A running row whose lease is
+# still current counts whoever holds it; one whose lease ran out counts while its worker has a row.
+_HELD = (
+    f"SELECT queue, limit_key, limit_running FROM {JOB} WHERE status = 'running'"
+    f" AND (lease_expires_ms > %s OR claimed_by IN (SELECT worker_id FROM {WORKERS}))"
+    f" UNION ALL SELECT queue, limit_key, limit_running FROM {PLACES}"
+)
+_COLUMNS = "job_id, claim_token, queue, limit_key, limit_running, worker_id, taken_ms"
 
 
 def needs_place(key: str | None, queue_max_running: int | None) -> bool:
@@ -41,34 +57,15 @@ def needs_place(key: str | None, queue_max_running: int | None) -> bool:
     return key is not None or queue_max_running is not None
 
 
-def take(dialect: Dialect, worker_id: str, now_ms: int, leases: Sequence[Lease]) -> None:
-    """Insert a place for each of these attempts, just claimed, with its job's queue, key and key limit."""
-    if not leases:
-        return
-    held, params = dialect.held_many(leases)
-    dialect.execute(
-        f"INSERT INTO {PLACES} (job_id, claim_token, queue, limit_key, limit_running, worker_id, taken_ms)"
-        f" SELECT id, claim_token, queue, limit_key, limit_running, %s, %s FROM {JOB} WHERE {held}",
-        [worker_id, now_ms, *params],
-    )
-
-
-def free(dialect: Dialect, leases: Sequence[Lease]) -> int:
-    """Free the places of these attempts (job id, claim token); how many there were."""
-    if not leases:
-        return 0
-    attempts, params = dialect.attempt_pairs(leases)
-    return dialect.execute(f"DELETE FROM {PLACES} WHERE {attempts}", params)
-
-
-def counts(dialect: Dialect, queue: str) -> tuple[int, dict[str, int]]:
+def counts(dialect: Dialect, queue: str, now_ms: int) -> tuple[int, dict[str, int]]:
     """Places held by handlers of ``queue``'s jobs (what its ``max_running`` counts), and places held
-    per key in every queue (keys without any left out): one read of a table as small as what runs.
+    per key in every queue (keys without any left out): one read of the running rows and the places.
     """
     # Grouped by position: with parameters bound by the server, the expression written twice would
     # hold two parameters, which PostgreSQL cannot tell are equal.
     rows = dialect.fetchall(
-        f"SELECT limit_key, CASE WHEN queue = %s THEN 1 ELSE 0 END, COUNT(*) FROM {PLACES} GROUP BY 1, 2", (queue,)
+        f"SELECT limit_key, CASE WHEN queue = %s THEN 1 ELSE 0 END, COUNT(*) FROM ({_HELD}) held GROUP BY 1, 2",
+        (queue, now_ms),
     )
     in_queue = 0
     per_key: dict[str, int] = {}
@@ -78,6 +75,62 @@ def counts(dialect: Dialect, queue: str) -> tuple[int, dict[str, int]]:
         if key is not None:
             per_key[key] = per_key.get(key, 0) + int(count)
     return in_queue, per_key
+
+
+def held(dialect: Dialect, now_ms: int) -> list[tuple[str, str | None, int | None]]:
+    """Every place held now: (queue, limit key, the job's own max_running), for an operator's view."""
+    return [(row[0], row[1], row[2]) for row in dialect.fetchall(_HELD, (now_ms,))]
+
+
+def hold_abandoned(dialect: Dialect, worker_id: str, now_ms: int, lease: Lease) -> None:
+    """A place for this attempt's handler, which runs past its timeout: written while its row is
+    still running under the attempt, before the attempt is failed, so the handler is never uncounted.
+    """
+    held_by, params = dialect.held_many([lease])
+    select = f"SELECT id, claim_token, queue, limit_key, limit_running, %s, %s FROM {JOB} WHERE {held_by}"
+    _insert(dialect, select, [worker_id, now_ms, *params])
+
+
+def hold_taken_over(dialect: Dialect, now_ms: int, job_ids: Sequence[int]) -> None:
+    """Places for the attempts these claimed jobs were just taken over from, whose workers still have
+    a row: their handlers may still run. A claim adds one to the token and keeps the old holder.
+    """
+    if not job_ids:
+        return
+    marks = ", ".join(["%s"] * len(job_ids))
+    _insert(
+        dialect,
+        f"SELECT id, claim_token - 1, queue, limit_key, limit_running, reclaimed_from, %s FROM {JOB}"
+        f" WHERE id IN ({marks}) AND reclaimed_from IN (SELECT worker_id FROM {WORKERS})",
+        [now_ms, *job_ids],
+    )
+
+
+def hold_buried(dialect: Dialect, now_ms: int, lease: Lease, queue_capped: bool) -> None:
+    """A place for the attempt just buried after its lease ran out, if it counted against a running
+    limit and its worker still has a row: its handler may still run.
+    """
+    _insert(
+        dialect,
+        f"SELECT id, claim_token, queue, limit_key, limit_running, claimed_by, %s FROM {JOB}"
+        f" WHERE id = %s AND claim_token = %s AND (limit_key IS NOT NULL OR %s)"
+        f" AND claimed_by IN (SELECT worker_id FROM {WORKERS})",
+        [now_ms, lease[0], lease[1], queue_capped],
+    )
+
+
+def _insert(dialect: Dialect, select: str, params: list[object]) -> None:
+    # Two writers may both see a handler outlive its attempt (its worker's timeout, a takeover):
+    # the place is one, whoever writes it first.
+    dialect.execute(f"{dialect.insert_ignoring} INTO {PLACES} ({_COLUMNS}) {select}{dialect.conflicts_ignored}", params)
+
+
+def free(dialect: Dialect, leases: Sequence[Lease]) -> int:
+    """Free the places of these attempts (job id, claim token); how many there were."""
+    if not leases:
+        return 0
+    attempts, params = dialect.attempt_pairs(leases)
+    return dialect.execute(f"DELETE FROM {PLACES} WHERE {attempts}", params)
 
 
 def free_ended(dialect: Dialect) -> list[str]:

@@ -58,7 +58,8 @@ class ClaimedJob:
     dependents: int | None = None  # jobs waiting for this one (workflows.py); its end must be counted
     workflow_id: int | None = None
     expires_ms: int | None = None  # not started by then: ended without running (executor, db/expiry.py)
-    # Not a column: set after the claim. A limited claim took a place for it (db/places.py): its worker frees it.
+    # Not a column: set after the claim. It counts against a running limit (db/places.py): its worker
+    # frees the place row that a handler outliving the attempt may hold.
     placed: bool = False
 
     @classmethod

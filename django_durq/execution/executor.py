@@ -27,7 +27,7 @@ from django.dispatch import Signal
 
 from ..clock import Clock
 from ..conf import DurqSettings, hooks
-from ..db import ClaimedJob, counters
+from ..db import ClaimedJob, Dialect, counters, places
 from ..db.store import Store
 from ..exceptions import InvalidPayload
 from ..handlers.context import JobContext
@@ -171,9 +171,15 @@ class Executor(Recording):
             metrics = (counters.CANCELLED,) if ended == "cancelled" else (counters.FAILED, counters.DEAD)
             return [(queue, name, metric, 1) for metric in metrics]
 
-        ended = self.store.retrying(
-            "bury", lambda d: counters.counted(d, rows, lambda: d.bury_expired(lease, now, json.dumps(errors)))
-        )
+        capped = self.settings.queue(queue).limits.max_running is not None
+
+        def bury(dialect: Dialect) -> str | None:
+            ended = dialect.bury_expired(lease, now, json.dumps(errors))
+            if ended is not None:  # its worker may still run the handler: its place under limits is kept
+                places.hold_buried(dialect, now, lease, capped)
+            return ended
+
+        ended = self.store.retrying("bury", lambda d: counters.counted(d, rows, lambda: bury(d)))
         if ended is None:
             return LOST
         self._settle_ids([lease[0]])  # what waits for it is counted at once, as after any other end

@@ -54,12 +54,12 @@ class JobStart(models.Model):
 
 
 class LimitPlace(models.Model):
-    """A place under a limit, held by one handler of a limited job from its claim until its thread ends.
+    """A place under a limit held by a handler of a limited job that outlived its attempt's row.
 
-    The limited claim counts these rows, never rows whose status is ``running``: a handler whose
-    attempt was settled without it (a timeout, a lapsed lease) still runs, and still holds its
-    key's and its queue's place. A place of a worker process that has ended is freed by the
-    maintenance duty that removes the worker's row (see ``db/places.py``).
+    A running attempt's row is its place. A handler whose attempt was settled without it (a
+    timeout, a lapsed lease taken over or buried) still runs, and still holds its key's and its
+    queue's place: this row, until its thread ends. A place of a worker process that has ended is
+    freed by the maintenance duty that removes the worker's row (see ``db/places.py``).
     """
 
     job_id = models.BigIntegerField()
@@ -72,8 +72,8 @@ class LimitPlace(models.Model):
 
     class Meta:
         db_table = "durq_limit_place"
-        # No index but the attempt's: a claim reads the whole table (as small as what runs under
-        # limits), and every index would cost each place taken and freed.
+        # No index but the attempt's: a claim reads the whole table (as small as the handlers that
+        # outlived their attempts), and every index would cost each place taken and freed.
         constraints = [models.UniqueConstraint(fields=["job_id", "claim_token"], name="durq_limit_place_attempt")]
 
     def __str__(self) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Min, Sum
+from django.db import connections
+from django.db.models import Min, Sum
 
 from ..conf import get_settings
+from ..db import dialect_for, places
 from ..db.starts import key_scope, queue_scope
-from ..models import JobStart, LimitPlace
+from ..models import JobStart
 from .reading import alias_of, jobs_on, now_or
 
 # The most keys listed per queue; the count of keys at their limit is exact.
@@ -57,22 +59,23 @@ def limit_usage(*, queue: str | None = None, now_ms: int | None = None, using: s
     alias = alias_of(using)
     settings = get_settings()
     jobs = jobs_on(alias)
+    held = places.held(dialect_for(connections[alias]), now)
     limited_queues = set(jobs.filter(limit_key__isnull=False).active().values_list("queue", flat=True).distinct())
-    limited_queues |= set(LimitPlace.objects.using(alias).values_list("queue", flat=True).distinct())
+    limited_queues |= {held_queue for held_queue, key, _ in held if key is not None}
     configured = {name for name, options in settings.queues.items() if options.limits.any}
     names = sorted((limited_queues | configured) if queue is None else {queue})
-    return [_usage(name, now, alias) for name in names]
+    return [_usage(name, now, alias, held) for name in names]
 
 
-def _usage(queue: str, now: int, alias: str) -> LimitUsage:
+def _usage(queue: str, now: int, alias: str, held: list[tuple[str, str | None, int | None]]) -> LimitUsage:
     limits = get_settings().queue(queue).limits
     jobs = jobs_on(alias).in_queue(queue)
-    running = LimitPlace.objects.using(alias).filter(queue=queue).count()
+    running = sum(1 for held_queue, _, _ in held if held_queue == queue)
     started = 0
     if limits.rate is not None:
         since = now - limits.rate.period_ms
         started = _starts(alias, queue_scope(queue), since)
-    keys = _full_keys(queue, now, alias)
+    keys = _full_keys(queue, now, alias, held)
     due = jobs.due(now)
     queue_full = (limits.max_running is not None and running >= limits.max_running) or (
         limits.rate is not None and started >= limits.rate.count
@@ -90,15 +93,17 @@ def _usage(queue: str, now: int, alias: str) -> LimitUsage:
     )
 
 
-def _full_keys(queue: str, now: int, alias: str) -> list[KeyAtLimit]:
+def _full_keys(queue: str, now: int, alias: str, held: list[tuple[str, str | None, int | None]]) -> list[KeyAtLimit]:
     """Keys that hold back due jobs of ``queue``, or that its handlers hold, and may not start another job now."""
     due = jobs_on(alias).in_queue(queue).due(now).filter(limit_key__isnull=False)
-    held = LimitPlace.objects.using(alias).filter(limit_key__isnull=False)
     running: dict[str, tuple[int, int | None]] = {}
-    for row in held.values("limit_key").annotate(n=Count("id"), least=Min("limit_running")):
-        running[str(row["limit_key"])] = (int(row["n"]), row["least"])
+    for _, key, at_most in held:
+        if key is not None:
+            count, least = running.get(key, (0, None))
+            known = [value for value in (least, at_most) if value is not None]
+            running[key] = (count + 1, min(known) if known else None)  # the least max_running among them
     at_limit = {key for key, (count, least) in running.items() if least is not None and count >= least}
-    here = {str(key) for key in held.filter(queue=queue, limit_key__in=at_limit).values_list("limit_key", flat=True)}
+    here = {key for held_queue, key, _ in held if held_queue == queue and key in at_limit}
     here |= {str(key) for key in due.filter(limit_key__in=at_limit).values_list("limit_key", flat=True)}
     full: dict[str, KeyAtLimit] = {key: KeyAtLimit(key, *running[key]) for key in here}
     rated = (

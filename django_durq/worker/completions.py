@@ -82,7 +82,8 @@ class PoolCompletions:
         clock = runtime.clock if limits is None else runtime.book.claim_clock(runtime.clock)
         outlook = self.gate.claim_outlook
         # Handlers that returned: their places under limits are freed in the transaction that claims next.
-        free = [attempt.lease for attempt in completions if attempt.job.placed] + self.places.take()
+        placed = [attempt.lease for attempt in completions if attempt.job.placed]
+        free = self.places.take()
         if not completions:
             if free:
                 self.places.free(free)
@@ -103,14 +104,14 @@ class PoolCompletions:
             tries += 1
             hooks.jitter("complete")
             return dialect.complete_and_claim(
-                leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock, free, outlook, count_batch
+                leases, self.queue, limit, now, runtime.worker_id, kept, limits, clock, free, outlook, count_batch, placed
             )
 
         try:
             try:
                 done, jobs = runtime.store.retrying("complete", complete_and_claim)
             except Exception:
-                self.places.keep(free)  # the handlers have returned all the same
+                self.places.keep(free + placed)  # the handlers have returned all the same
                 raise
             missing = [attempt for attempt in completions if attempt.lease not in done]
             if missing and tries > 1:

@@ -1,10 +1,12 @@
-"""The places under limits (``db/places.py``) that a pool's handlers are done with, freed as they return.
+"""The place rows under limits (``db/places.py``) of a pool's handlers: written for a handler that runs
+past its timeout, and freed as handlers return.
 
-A place is freed when the handler's thread is done with the attempt: in the transaction that
-records a finished job's completion (and claims next), or right after any other outcome. One
-that cannot be freed then (the database is away) is kept here and freed with the pool's next
-write: a handler that has returned never holds its key's place for longer than the database
-takes to come back.
+A running attempt's row is its place; a place row holds a handler that outlives its attempt (its
+timeout, or its attempt taken over or buried while it ran). It is freed when the handler's thread
+is done with the attempt: in the transaction that records a finished job's completion (and claims
+next), or right after any other outcome. One that cannot be freed then (the database is away) is
+kept here and freed with the pool's next write: a handler that has returned never holds its key's
+place for longer than the database takes to come back.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ class HeldPlaces:
         except Exception:  # noqa: BLE001 - kept for the next write, which retries as long as it takes
             logger.warning("durq: could not free %d place(s) under limits now; the next write will", len(leases))
             self.keep(leases)
+            return False
+        return True
+
+    def hold_abandoned(self, lease: Lease, worker_id: str, now_ms: int) -> bool:
+        """Write the place of an attempt whose handler runs past its timeout; False if it could not be."""
+        try:
+            self.store.retrying("hold place", lambda d: places.hold_abandoned(d, worker_id, now_ms, lease), give_up_after_s=5.0)
+        except Exception:  # noqa: BLE001 - the timeout waits for the database, as every write does
+            logger.warning("durq: could not keep the place under limits of job %s past its timeout yet", lease[0])
             return False
         return True
 

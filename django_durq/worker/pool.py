@@ -26,9 +26,9 @@ rate's window opens.
 
 Flow control on the worker's side (the claim does the rest, ``db/flow.py``): a slot starts a job
 only while its queue was seen not paused lately (``pause_guard.py``), and a job claimed under a
-running limit holds a place until the handler's thread is done with it (``held_places.py``):
-freed with its completion, right after any other outcome (a timed-out handler's only when its
-thread returns at last), or with its hand-back.
+running limit holds a place until the handler's thread is done with it: its running row, and a
+place row for a handler that outlives its attempt (``held_places.py``), written before a
+timed-out attempt is failed and freed when its thread returns at last.
 
 The pool is in parts: its slots (``slots.py``), the claim-ahead buffer (``claim_ahead.py``) and
 the completions held for a batch (``completions.py``). Here: the dispatcher and the pool's start.

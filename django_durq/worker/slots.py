@@ -221,21 +221,34 @@ class Slots(ClaimAhead):
         """Fail attempts that ran past their timeout and give their slot to a fresh thread.
 
         Python cannot kill a thread: the hung handler keeps running, but its later writes are
-        fenced off, and the pool keeps its full number of working slots.
+        fenced off, and the pool keeps its full number of working slots. A handler of a limited
+        job keeps its place (``held_places.py``): it is written before the attempt is failed,
+        and freed by whichever of this thread and the handler's own learns second that the
+        handler has returned.
         """
         for attempt in self.running():
             overdue_s = attempt.ctx.overdue_by_s()
             if overdue_s is None or overdue_s * 1000 < TIMEOUT_GRACE_MS or attempt.ctx.settled:
                 continue
+            held = attempt.job.placed
+            if held and not self.places.hold_abandoned(attempt.lease, self.runtime.worker_id, self.runtime.clock.now_ms()):
+                continue  # the database is away: the timeout is recorded once the place can be
             with self._lock:
-                if attempt.abandoned or attempt not in self._running:
-                    continue
-                attempt.abandoned = True
-                self._running.discard(attempt)
-                self._busy -= 1
+                returned = attempt not in self._running and not attempt.abandoned
+                taken = not returned and not attempt.abandoned
+                if taken:
+                    attempt.abandoned = True
+                    self._running.discard(attempt)
+                    self._busy -= 1
+            if not taken:
+                if held and returned:
+                    self.places.free([attempt.lease])  # its slot may have freed it before it was written
+                continue
             hooks.jitter("reap")
             try:
-                self.executor.record_timeout(attempt.job, attempt.ctx)
+                if self.executor.record_timeout(attempt.job, attempt.ctx) == ABANDONED and held:
+                    # The handler returned first and recorded its own outcome, which frees no place.
+                    self.places.free([attempt.lease])
             finally:
                 self.runtime.book.remove(attempt)
                 self._add_thread()

@@ -16,9 +16,10 @@ from django_durq.conf import get_settings
 from django_durq.db import dialect_for, places
 from django_durq.db.flow import claim_limited, has_limited_jobs, next_start
 from django_durq.db.store import Store
+from django_durq.execution.executor import Executor
 from django_durq.handlers.limits import QueueLimits, Rate
 from django_durq.handlers.registry import registry
-from django_durq.models import Job, JobStart, QueueControl, WorkerProcess
+from django_durq.models import Job, JobStart, LimitPlace, QueueControl, WorkerProcess
 from django_durq.testing import drain
 from tests.ledger import jobs
 
@@ -225,14 +226,120 @@ def test_a_crashed_holder_frees_its_key_once_its_worker_is_known_gone_not_when_i
     clock.advance(Job.objects.get(pk=first.pk).lease_ms)
     # The lease has expired, but the handler may still run (a paused process resumes): the place holds.
     assert claim(clock, worker="w2") == []
-    dialect = dialect_for(connection)
-    assert places.free_ended(dialect) == []  # its worker's row is there: alive as far as anyone knows
     WorkerProcess.objects.filter(worker_id="crashed").delete()  # the maintenance duty found it ended
-    assert places.free_ended(dialect) == ["default"]
     # The expired attempt is run again first, then the next job waits for it.
     retaken = claim(clock, worker="w2")
     assert [(job.id, job.reclaimed_from) for job in retaken] == [(first.id, "crashed")]
     assert Job.objects.get(pk=second.pk).status == "waiting"
+
+
+@pytest.fixture
+def two_per_key():
+    @job(name="tests.two_per_key", limit=Limit(max_running=2, key=lambda key: key))
+    def two_per_key(ctx, key):
+        return None
+
+    yield two_per_key
+    registry.remove("tests.two_per_key")
+
+
+def alive(*workers: str) -> None:
+    for worker_id in workers:
+        WorkerProcess.objects.create(worker_id=worker_id, host="h", pid=1, queues="{}", started_ms=START, last_seen_ms=START)
+
+
+def bury(lease: tuple[int, int], clock: ManualClock, queue: str = "default") -> str:
+    """What a worker's sweep does with a last attempt whose lease ran out."""
+    executor = Executor(Store("default"), get_settings(), clock, "sweeper", count=lambda *args: None)
+    return executor.bury_lost(queue, lease, "tests.job", 1, "[]", "slow")
+
+
+def held_places() -> list[tuple]:
+    return sorted(LimitPlace.objects.values_list("job_id", "claim_token", "queue", "limit_key", "limit_running", "worker_id"))
+
+
+def test_a_claim_writes_no_place_row_its_running_rows_are_what_a_limit_counts(clock):
+    alive("w1")
+    first, _ = keyed("k"), keyed("k")
+    (held,) = claim(clock)
+    assert held.id == first.id and held.placed and held_places() == []
+    assert places.counts(dialect_for(connection), "default", clock.now_ms()) == (1, {"k": 1})
+    assert claim(clock, worker="w2") == []  # the row counts for every claimer
+
+
+def test_a_handler_whose_attempt_is_taken_over_keeps_a_place_until_its_worker_frees_it(clock, two_per_key):
+    alive("slow", "w2")
+    first, second, third = (two_per_key.enqueue(key="k") for _ in range(3))
+    assert [job.id for job in claim(clock, limit=1, worker="slow")] == [first.id]
+    clock.advance(Job.objects.get(pk=first.pk).lease_ms)
+    # "slow" still has its row, so its handler may still run: the attempt taken over keeps a place.
+    (retaken,) = claim(clock, worker="w2")
+    assert (retaken.id, retaken.reclaimed_from, retaken.claim_token) == (first.id, "slow", 2)
+    assert held_places() == [(first.id, 1, "default", "k", 2, "slow")]
+    assert claim(clock, worker="w2") == []  # two handlers of "k" may run: its old one and its new one
+    assert places.free(dialect_for(connection), [(first.id, 1)]) == 1  # the old handler returned at last
+    assert [job.id for job in claim(clock, worker="w2")] == [second.id]
+    assert Job.objects.get(pk=third.pk).status == "waiting"
+
+
+def test_an_attempt_taken_over_from_a_worker_without_a_row_keeps_no_place(clock, two_per_key):
+    first = two_per_key.enqueue(key="k")
+    claim(clock, worker="gone")
+    clock.advance(Job.objects.get(pk=first.pk).lease_ms)
+    assert [job.reclaimed_from for job in claim(clock, worker="w2")] == ["gone"]
+    assert held_places() == []
+
+
+def test_a_place_kept_for_an_ended_worker_is_freed_with_its_row(clock, two_per_key):
+    alive("slow")
+    first = two_per_key.enqueue(key="k")
+    claim(clock, worker="slow")
+    clock.advance(Job.objects.get(pk=first.pk).lease_ms)
+    claim(clock, worker="w2")
+    dialect = dialect_for(connection)
+    assert places.free_ended(dialect) == []  # its worker's row is there: alive as far as anyone knows
+    WorkerProcess.objects.filter(worker_id="slow").delete()  # the maintenance duty found it ended
+    assert places.free_ended(dialect) == ["default"] and held_places() == []
+
+
+def test_a_buried_attempt_whose_worker_has_a_row_keeps_its_place(clock):
+    alive("slow")
+    first = jobs.one_per_key.using(max_attempts=1).enqueue(key="k", log="/dev/null")
+    second = keyed("k")
+    claim(clock, worker="slow")
+    clock.advance(Job.objects.get(pk=first.pk).lease_ms)
+    assert bury((first.id, 1), clock) == "dead"
+    assert held_places() == [(first.id, 1, "default", "k", 1, "slow")]
+    assert claim(clock, worker="w2") == []  # its handler may still run
+    places.free(dialect_for(connection), [(first.id, 1)])
+    assert [job.id for job in claim(clock, worker="w2")] == [second.id]
+
+
+def test_a_buried_attempt_of_a_capped_queue_keeps_its_place_and_an_unlimited_one_none(clock):
+    alive("slow")
+    capped, plain = jobs.noop.enqueue(), jobs.noop.enqueue()
+    for queued in (capped, plain):
+        Job.objects.filter(pk=queued.pk).update(max_attempts=1)
+    claim(clock, worker="slow", limits=QueueLimits(max_running=5))
+    clock.advance(Job.objects.get(pk=capped.pk).lease_ms)
+    with override_settings(DURQ={**get_settings_raw(), "QUEUES": {"capped": {"max_running": 5}}}):
+        Job.objects.filter(pk=capped.pk).update(queue="capped")
+        assert bury((capped.id, 1), clock, "capped") == bury((plain.id, 1), clock) == "dead"
+    assert held_places() == [(capped.id, 1, "capped", None, None, "slow")]
+
+
+def test_a_handler_past_its_timeout_keeps_one_place_however_many_write_it(clock):
+    first, second = keyed("k"), keyed("k")
+    (held,) = claim(clock)
+    dialect = dialect_for(connection)
+    for _ in range(2):
+        places.hold_abandoned(dialect, "w1", clock.now_ms(), (held.id, held.claim_token))
+    assert held_places() == [(first.id, 1, "default", "k", 1, "w1")]
+    # The attempt fails at its timeout, to be retried later (as the worker records it).
+    Job.objects.filter(pk=first.pk).update(status="waiting", lease_expires_ms=None, run_at_ms=START + 10**9)
+    assert claim(clock, worker="w2") == []  # the attempt is settled; its handler still runs
+    places.free(dialect, [(held.id, held.claim_token)])
+    assert [job.id for job in claim(clock, worker="w2")] == [second.id]
 
 
 def test_a_limit_of_n_admits_n_in_one_claim_and_counts_what_runs(clock):

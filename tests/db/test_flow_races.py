@@ -83,31 +83,35 @@ def workers_registered(count: int) -> None:
 
 
 @pytest.mark.django_db
-def test_only_jobs_counted_against_a_running_limit_take_places(clock):
+def test_only_jobs_counted_against_a_running_limit_are_placed_and_none_writes_a_place(clock):
     jobs.noop.enqueue()
     assert len(Store("default").claim("default", 10, clock.now_ms(), "fast")) == 1  # the fast claim
     jobs.metered.enqueue(log="/dev/null")  # a queue with a rate only
     jobs.noop.enqueue()  # no limit, claimed by a limited claim
-    assert len(claim(clock, "webhooks")) == 1 and len(claim(clock, "default")) == 1
-    assert not LimitPlace.objects.exists()
-    capped = jobs.capped.enqueue(log="/dev/null")  # a queue with a max_running
-    keyed = jobs.rated_per_key.enqueue(key="k", log="/dev/null")  # a key, a rate only
+    (metered,) = claim(clock, "webhooks")
+    (plain,) = claim(clock, "default")
+    assert not metered.placed and not plain.placed
+    jobs.capped.enqueue(log="/dev/null")  # a queue with a max_running
+    jobs.rated_per_key.enqueue(key="k", log="/dev/null")  # a key, a rate only
     (video,) = claim(clock, "video")
     (default,) = claim(clock, "default")
     assert video.placed and default.placed
-    held = LimitPlace.objects.values_list("job_id", "claim_token", "queue", "limit_key", "limit_running", "worker_id")
-    assert sorted(held) == [(capped.pk, 1, "video", None, None, "w1"), (keyed.pk, 1, "default", "k", None, "w1")]
+    assert not LimitPlace.objects.exists()  # their running rows are their places
 
 
 @pytest.mark.django_db
-def test_a_place_holds_the_key_and_the_limit_its_job_was_counted_with(clock):
-    first = jobs.one_per_key.enqueue(key="k1", log="/dev/null")
-    second = jobs.one_per_key.enqueue(key="k2", log="/dev/null")
-    claimed = claim(clock, "default")
-    assert sorted(job.id for job in claimed) == [first.pk, second.pk] and all(job.placed for job in claimed)
-    held = LimitPlace.objects.values_list("job_id", "claim_token", "queue", "limit_key", "limit_running", "worker_id", "taken_ms")
+def test_what_a_limit_counts_is_each_running_row_by_its_key_in_every_queue_and_by_its_queue(clock):
+    jobs.one_per_key.enqueue(key="k1", log="/dev/null")
+    jobs.one_per_key.enqueue(key="k2", log="/dev/null")
+    jobs.capped.enqueue(log="/dev/null")
+    assert len(claim(clock, "default")) == 2 and len(claim(clock, "video")) == 1
+    dialect = dialect_for(connection)
     now = clock.now_ms()
-    assert sorted(held) == [(first.pk, 1, "default", "k1", 1, "w1", now), (second.pk, 1, "default", "k2", 1, "w1", now)]
+    assert places.counts(dialect, "default", now) == (2, {"k1": 1, "k2": 1})
+    assert places.counts(dialect, "video", now) == (1, {"k1": 1, "k2": 1})
+    assert sorted(places.held(dialect, now), key=str) == sorted(
+        [("default", "k1", 1), ("default", "k2", 1), ("video", None, None)], key=str
+    )
 
 
 @pytest.mark.django_db
