@@ -95,9 +95,8 @@ class Executor(Recording):
 
     def run(self, job: ClaimedJob, ctx: JobContext, may_start: Callable[[], bool] | None = None) -> str:
         """Run one attempt to its outcome. ``may_start`` is asked right before the handler starts, after
-        every wait on the way (a lease to confirm, a lost lease's error to write), and again as the
-        last step before the run's signals and the handler: False, and the attempt ends ``PAUSED``,
-        never started, for the caller to hand back.
+        every wait on the way (a lease to confirm, a lost lease's error to write): False, and the
+        attempt ends ``PAUSED``, never started, for the caller to hand back.
         """
         if not ctx.wait_confirmed():
             # Lost while it waited in a buffer: never started, nothing to record; or settled meanwhile by another.
@@ -136,10 +135,6 @@ class Executor(Recording):
             if unfit is not None:
                 # Bound before the call: a TypeError the handler raises itself stays an ordinary failure.
                 failure = Failure("arguments", unfit, "TypeError", final=True)
-            elif may_start is not None and not may_start():
-                # Asked again as the last step before the handler's run: where the thread stalled
-                # since the first ask (a frozen process, a long collection), the answer is read anew.
-                return PAUSED
             else:
                 # In this thread, around the handler alone: a receiver may set up and tear down
                 # what the handler's thread needs (docs/runtime.md, "Signals"). The run span, when

@@ -5,9 +5,7 @@ A pause is a row every claim reads (``ops/pausing.py``), but a pool claims ahead
 starts a job only within ``PAUSE_SEEN_WITHIN_S`` of the start of a statement that saw the queue
 not paused: the claim that took the job, or a read of the queue's state that the slot makes when
 that claim is older. The slot asks right before the handler starts, after every wait on its way
-there (a renewal to confirm a job's lease may take seconds while the database is locked), and
-again as the last step before the handler's run (``Executor.run``), which costs a clock read
-unless the thread stalled in between. A
+there (a renewal to confirm a job's lease may take seconds while the database is locked). A
 statement that saw the queue not paused began before the pause committed, so no job of the
 queue starts later than ``PAUSE_SEEN_WITHIN_S`` after a pause commits (or, where the database
 takes longer to answer one read, later than that read). A pool that finds its queue paused hands
