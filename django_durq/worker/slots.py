@@ -234,14 +234,15 @@ class Slots(ClaimAhead):
             if held and not self.places.hold_abandoned(attempt.lease, self.runtime.worker_id, self.runtime.clock.now_ms()):
                 continue  # the database is away: the timeout is recorded once the place can be
             with self._lock:
-                returned = attempt not in self._running and not attempt.abandoned
-                taken = not returned and not attempt.abandoned
-                if taken:
+                if attempt.abandoned:
+                    continue
+                returned = attempt not in self._running
+                if not returned:
                     attempt.abandoned = True
                     self._running.discard(attempt)
                     self._busy -= 1
-            if not taken:
-                if held and returned:
+            if returned:
+                if held:
                     self.places.free([attempt.lease])  # its slot may have freed it before it was written
                 continue
             hooks.jitter("reap")
