@@ -94,9 +94,10 @@ class Executor(Recording):
         self.unknown_types = UnknownTypes(store, clock, worker_id)
 
     def run(self, job: ClaimedJob, ctx: JobContext, may_start: Callable[[], bool] | None = None) -> str:
-        """Run one attempt to its outcome. ``may_start`` is asked right before the handler starts, after
-        every wait on the way (a lease to confirm, a lost lease's error to write): False, and the
-        attempt ends ``PAUSED``, never started, for the caller to hand back.
+        """Run one attempt to its outcome. ``may_start`` is asked as the last step before the handler's
+        run (its signals and its call), after every wait and every step on the way (a lease to
+        confirm, a lost lease's error to write, the arguments to decode): False, and the attempt
+        ends ``PAUSED``, never started, for the caller to hand back.
         """
         if not ctx.wait_confirmed():
             # Lost while it waited in a buffer: never started, nothing to record; or settled meanwhile by another.
@@ -116,9 +117,6 @@ class Executor(Recording):
             return self.record(job, ctx, None, None, errors)
         if job.expires_ms is not None and job.expires_ms <= self.clock.now_ms():
             return self._expire(job, ctx, errors)
-        if may_start is not None and not may_start():
-            return PAUSED
-        ctx.start()
         connection = self._connection()
         self._local.before_handler = transaction_state(connection)
         definition = registry.get(job.name)
@@ -135,7 +133,13 @@ class Executor(Recording):
             if unfit is not None:
                 # Bound before the call: a TypeError the handler raises itself stays an ordinary failure.
                 failure = Failure("arguments", unfit, "TypeError", final=True)
+            elif may_start is not None and not may_start():
+                # Asked here, not before the steps above: a thread that stalls (a frozen process,
+                # a long collection) between its answer and the handler must not start a job of a
+                # queue paused meanwhile, and nothing is left to stall in but the run's signals.
+                return PAUSED
             else:
+                ctx.start()
                 # In this thread, around the handler alone: a receiver may set up and tear down
                 # what the handler's thread needs (docs/runtime.md, "Signals"). The run span, when
                 # tracing is on, holds the handler and those receivers.

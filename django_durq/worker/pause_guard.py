@@ -4,8 +4,10 @@ A pause is a row every claim reads (``ops/pausing.py``), but a pool claims ahead
 (``PREFETCH``), and a job claimed just before a pause would otherwise start after it. So a slot
 starts a job only within ``PAUSE_SEEN_WITHIN_S`` of the start of a statement that saw the queue
 not paused: the claim that took the job, or a read of the queue's state that the slot makes when
-that claim is older. The slot asks right before the handler starts, after every wait on its way
-there (a renewal to confirm a job's lease may take seconds while the database is locked). A
+that claim is older. The slot asks as the last step before the handler's run (``Executor.run``),
+after every wait and every step on its way there (a renewal to confirm a job's lease may take
+seconds while the database is locked; any step may stall in a frozen process), so only the
+run's signals lie between its answer and the handler. A
 statement that saw the queue not paused began before the pause committed, so no job of the
 queue starts later than ``PAUSE_SEEN_WITHIN_S`` after a pause commits (or, where the database
 takes longer to answer one read, later than that read). A pool that finds its queue paused hands

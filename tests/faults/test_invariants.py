@@ -3,6 +3,7 @@
 - An attempt is (job id, claim token): a stale attempt of a job never disturbs a newer one.
 - Leases are kept by a thread that runs nothing else; user code (signal receivers) cannot stall it.
 - A lease never moves backwards; a dead letter is never made under a lease that was just renewed.
+- A pause holds up to the handler's call: a thread that stalls before it asks anew.
 - A cancel is final: across failure, retry and hand-back.
 - A job whose worker died on its last attempt is buried while the other workers are busy.
 - Jobs claimed ahead never wait behind a long job while another worker is idle.
@@ -19,6 +20,7 @@ import signal
 import sqlite3
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -27,10 +29,12 @@ from django_durq import ops
 from django_durq.clock import ManualClock, use_clock
 from django_durq.conf import get_settings
 from django_durq.db.store import Store
+from django_durq.execution import executor as executor_module
 from django_durq.execution.executor import Executor
 from django_durq.handlers.context import JobContext
 from django_durq.models import Job, QueueStat
 from django_durq.testing import drain
+from django_durq.worker.pause_guard import PAUSE_SEEN_WITHIN_S, PauseGuard
 from tests.conftest import wait_until
 from tests.faults.conftest import POLL_S, one_leg, only_on, sqlite_path
 from tests.ledger import checker, jobs
@@ -107,6 +111,37 @@ def test_a_dead_letter_is_never_made_under_a_lease_renewed_since_the_scan(short)
         job_id, token, name, attempts, errors, holder = expired
         assert executor.bury_lost("default", (job_id, token), name, attempts, errors, holder) == "lost"
         assert status(queued.pk) == "running"
+
+
+# --- a pause holds up to the handler's call -----------------------------------------------------------
+
+
+def test_a_thread_stalled_after_its_pause_check_asks_again_before_the_handler(short, monkeypatch):
+    """Model chaos, SQLite seed 5406: a job of a paused queue started 1.3 s after the pause.
+
+    Its worker had been stopped (``SIGSTOP``) after its slot found the queue not paused and before
+    the handler ran; it resumed after the pause and ran the handler at once. The slot asks as the
+    last step before the handler's run: a stall in any step before it (here the arguments'
+    decoding) is followed by the ask, which reads the queue's state anew.
+    """
+    queued = jobs.effect.enqueue(tag="stalled")
+    store = Store("default")
+    clock = ManualClock(1_800_000_000_000)
+    (claimed,) = store.claim("default", 1, clock.now_ms(), "worker-a")
+    ctx = JobContext(claimed, worker_id="worker-a", store=store, clock=clock, shutdown=threading.Event())
+    guard = PauseGuard("default", SimpleNamespace(store=store))
+    assert guard.may_start()  # the slot's check: not paused
+    real_decode = executor_module.decode_arguments
+
+    def stalled_decode(arguments):
+        assert ops.pause("default", reason="paused while the slot's thread stalled")
+        time.sleep(2 * PAUSE_SEEN_WITHIN_S)  # the thread stalls past the bound of its last check
+        return real_decode(arguments)
+
+    monkeypatch.setattr(executor_module, "decode_arguments", stalled_decode)
+    assert Executor(store, get_settings(), clock, "worker-a").run(claimed, ctx, may_start=guard.may_start) == "paused"
+    assert not Effect.objects.filter(tag="stalled").exists()
+    assert status(queued.pk) == "running"  # for the slot to hand back, its attempt not counted
 
 
 # --- cancel is final --------------------------------------------------------------------------------
