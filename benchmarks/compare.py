@@ -278,9 +278,18 @@ def rows_for(measured: list[Measurement], database: str, figure: Figure, rounds:
         f"{name}, {DB_LABEL[database]} ({figure.unit}){note}",
         _spread([float(v) for v in a_values], number),
         _spread([float(v) for v in b_values], number),
-        _spread(ratios, lambda value: f"{value:.2f}×"),
+        _spread(ratios, lambda value: f"{value:.2f}×") + _pairs_won(ratios, figure.higher_is_better),
         change(ratios, figure.higher_is_better),
     ]
+
+
+def _pairs_won(ratios: list[float], higher_is_better: bool) -> str:
+    """In how many rounds B beat A: a host whose speed drifts between runs moves the median of a few
+    rounds, but seldom lets one side win nearly every pair by chance (9 of 9 by a coin: 1 in 512)."""
+    if len(ratios) < MIN_ROUNDS_TO_TELL:
+        return ""
+    won = sum(1 for ratio in ratios if (ratio > 1 if higher_is_better else ratio < 1))
+    return f", B better in {won} of {len(ratios)}"
 
 
 def render(
@@ -330,7 +339,7 @@ def render(
     notes = [
         f"A = {side_a.revision}, B = {side_b.revision}; {'; '.join(what)}; {settings}.",
         f"Each cell: median over {rounds} round{'s' if rounds > 1 else ''} (min–max); "
-        "B/A: the ratio of each round's pair, median (min–max); "
+        "B/A: the ratio of each round's pair, median (min–max), and in how many pairs B did better; "
         f"A and B back to back in every round, the order alternating. "
         f"Load average (1 min) before each measurement: {_spread(loads, lambda value: f'{value:.2f}')} "
         f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs).",
