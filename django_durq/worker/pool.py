@@ -157,7 +157,7 @@ class Pool(Slots):
             while not runtime.stop_claiming.is_set():
                 self._claiming = 0  # no claim in flight from here until the next look
                 if wait_s > 0:
-                    self.kick.wait(self.gate.until_window(wait_s))
+                    self.kick.wait(self.gate.until_window(self._buffer_wait(wait_s)))
                     if runtime.stop_claiming.is_set():
                         break  # stopped while waiting: claim nothing more, not even a job just handed back
                 self.kick.clear()
@@ -176,7 +176,6 @@ class Pool(Slots):
                     # (not merely because every commit is slow) go back to other workers.
                     stale = ready > 0 and now_mono - self._ready[0].buffered_at >= BUFFER_MAX_WAIT_S
                     self._wake_for_buffer(now_mono)
-                    sleeping = self._sleeping
                 if stale and longest_s >= BUFFER_MAX_WAIT_S:
                     self._hand_back(everything=False)  # the counts above then overstate what is held: no over-claim
                 want = target - held
@@ -187,8 +186,6 @@ class Pool(Slots):
                 refill = want > 0 and ready <= self._low_water and runtime.book.may_claim(now_mono) and runtime.presence_held()
                 overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
                 flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
-                if ready:
-                    wait_s = min(wait_s, HEAD_STALL_S if sleeping else BUFFER_MAX_WAIT_S)
                 if not refill and not flush:
                     if pending:
                         wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
@@ -264,6 +261,20 @@ class Pool(Slots):
             connections.close_all()  # this thread's: the server sees the session end, not a dropped socket
             self.finished.set()
             runtime.wake_main()
+
+    def _buffer_wait(self, wait_s: float) -> float:
+        """How long the dispatcher may sleep while jobs wait in the buffer, whatever step comes before.
+
+        A slot that goes to sleep kicks the dispatcher, but one that starts a long handler does
+        not: with a slot asleep the dispatcher looks again within ``HEAD_STALL_S`` (to wake it for
+        jobs stuck behind that handler), otherwise within ``BUFFER_MAX_WAIT_S`` (to hand back jobs
+        that waited too long). Capped here, at the one place the dispatcher sleeps, so a claim or a
+        flush that chose a longer wait cannot leave buffered jobs behind a long handler.
+        """
+        with self._lock:
+            if not self._ready:
+                return wait_s
+            return min(wait_s, HEAD_STALL_S if self._sleeping else BUFFER_MAX_WAIT_S)
 
     def _enter(self, jobs: list[ClaimedJob], claimed_mono: float, claimed_ms: int) -> None:
         """Make claimed jobs attempts: into the book (so their leases are kept), then the buffer.

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 
 import pytest
+from django.db import transaction
 
 from django_durq.models import Job, Status, WorkerProcess
 from django_durq.worker import exit_status
@@ -161,18 +162,22 @@ def test_jobs_claimed_behind_a_long_handler_start_on_a_slot_that_slept(spawn_wor
     jobs, one slot for a claim of many. When that slot's next handler runs long, the jobs behind
     it must not wait for it (nor be handed back and claimed again) while the other slot sleeps.
 
-    The jobs behind are no-ops too, so the one free slot starts them all within the buffer's
-    wait (``BUFFER_MAX_WAIT_S``) however slow the host's commits are: a job that writes and
-    commits, at a few milliseconds each on a busy host, would be handed back by design.
+    The worker first drains 500 no-ops and goes idle, so that one claim then takes the long job
+    and the 100 behind it with no completion left to record: nothing else makes the dispatcher
+    look again before its poll (5 s here), and starting the long handler kicks no one. The jobs
+    behind are no-ops too, so the one free slot starts them all within the buffer's wait
+    (``BUFFER_MAX_WAIT_S``) however slow the host's commits are.
     """
-    jobs.noop.using(priority=10).enqueue_many([{} for _ in range(500)])
+    warm_up = {row.pk for row in jobs.noop.enqueue_many([{} for _ in range(500)])}
+    worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_PREFETCH": "30", "DURQ_TEST_POLL": "5"})
+    wait_until(lambda: not Job.objects.filter(pk__in=warm_up).exists(), 30, "the no-ops that teach the pool")
     began = tmp_path / "long-began"
-    long = jobs.until_stopped.using(priority=5).enqueue(seconds=30, tag="long", began=str(began))
-    behind = {row.pk for row in jobs.noop.enqueue_many([{} for _ in range(100)])}
-    worker = spawn_worker("--queue", "default:2", env={"DURQ_TEST_PREFETCH": "30"})
-    wait_until(began.exists, 60, "the long handler to start")
-    # Without a slot woken for them they trickle: a few per hand-back, one every 0.25 s.
-    wait_until(lambda: not Job.objects.filter(pk__in=behind).exists(), 5, "the jobs behind the long one")
+    with transaction.atomic():  # one commit, one wake-up: one claim takes them all
+        long = jobs.until_stopped.using(priority=5).enqueue(seconds=30, tag="long", began=str(began))
+        behind = {row.pk for row in jobs.noop.enqueue_many([{} for _ in range(100)])}
+    wait_until(began.exists, 30, "the long handler to start")
+    # Without a slot woken for them they wait for the dispatcher's next look, then are handed back.
+    wait_until(lambda: not Job.objects.filter(pk__in=behind).exists(), 4, "the jobs behind the long one")
     assert Job.objects.get(pk=long.pk).status == Status.RUNNING, worker.output()
 
     def finished_behind() -> Counter[int]:
