@@ -5,8 +5,9 @@
 
 What a dispatcher does per batch, without the worker around it: one transaction that keeps the
 last batch as finished, frees its places and claims the next ``--batch`` jobs (the limited claim
-for ``keyed`` jobs, one of 1,000 keys each with ``Limit(max_running=1)``, and for ``rate``, a
-queue rate never reached; the fast claim for ``plain``), until ``--count`` queued jobs have run.
+for ``keyed`` jobs, one of 1,000 keys each with ``Limit(max_running=1)``; for ``rate``, a
+queue rate never reached; for ``capped``, a queue ``max_running`` never reached; the fast claim
+for ``plain``), until ``--count`` queued jobs have run.
 No slots, no GIL contention, no handler: what is left is the claim path's own statements and
 Python, so a change to it shows here when a drain's noise would hide it. Each side runs in its
 own process, importing django_durq from its build (``core/builds.py``), on a database of its own
@@ -44,7 +45,12 @@ def _measure(db: str, jobs: str, count: int, batch: int, rounds: int) -> list[fl
 
     call_command("migrate", verbosity=0)
     dialect = Store("default").dialect
-    limits = {"keyed": QueueLimits(), "rate": QueueLimits(rate=Rate.parse("1000000/s")), "plain": None}[jobs]
+    limits = {
+        "keyed": QueueLimits(),
+        "rate": QueueLimits(rate=Rate.parse("1000000/s")),
+        "capped": QueueLimits(max_running=100_000),
+        "plain": None,
+    }[jobs]
     vendor = connection.vendor
     numbers = {
         "sqlite": f"WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < {count}) SELECT g FROM s",
@@ -91,7 +97,7 @@ def _measure(db: str, jobs: str, count: int, batch: int, rounds: int) -> list[fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--db", choices=("sqlite", "postgres", "mysql"), default="sqlite")
-    parser.add_argument("--jobs", choices=("keyed", "rate", "plain"), default="keyed")
+    parser.add_argument("--jobs", choices=("keyed", "rate", "capped", "plain"), default="keyed")
     parser.add_argument("--count", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=177)
     parser.add_argument("--rounds", type=int, default=5)
