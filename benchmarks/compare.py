@@ -17,7 +17,8 @@ figures the machine's load barely moves; and, asked for by name, the scaling cur
 MariaDB, at the points of ``--scaling-processes``, 4 and 16 by default, ``--scaling-jobs`` jobs
 each) and the limits workload's variants (``workloads/limits.py``: the same drain with no limit, a
 per-key limit, a queue cap and a queue rate that never hold a job back, and a rate of 1,000/s that
-holds it back all along, whose figure is the rate delivered). All on Django's default connection settings
+holds it back all along, whose figure is the rate delivered; ``limits:queue_cap`` names one variant
+alone). All on Django's default connection settings
 (``BENCH_DURQ_PG_DEFAULTS=0`` in the environment measures the PostgreSQL guide's settings instead).
 The table gives each side's median over rounds with its min–max, and the ratio B/A of the rounds
 (median, min–max): a ratio whose range spans 1 is within the machine's noise.
@@ -40,7 +41,7 @@ from .render import DB_LABEL
 from .workloads import anatomy, drain, latency, limits, scaling
 
 DATABASES = ("sqlite", "postgres", "mysql")
-WORKLOADS = ("drain", "latency", "anatomy", "scaling", "limits")
+WORKLOADS = ("drain", "latency", "anatomy", "scaling", "limits", *(f"limits:{v}" for v in limits.VARIANTS))
 DEFAULT_WORKLOADS = ("drain", "latency", "anatomy")
 ROUNDS = 5
 # A change is named only when every one of at least this many rounds agrees on its direction: an
@@ -308,7 +309,7 @@ def render(
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     figures = FIGURES + scaling_figures(points) + limits_figures()
     for workload in workloads:
-        for figure in (figure for figure in figures if figure.workload.split(":")[0] == workload):
+        for figure in (figure for figure in figures if workload in (figure.workload, figure.workload.split(":")[0])):
             for database in databases:
                 row = rows_for(measured, database, figure, rounds)
                 if row is not None:
@@ -331,7 +332,7 @@ def render(
             f"the scaling workload's points of {', '.join(map(str, points))} worker processes of a pool of 2,"
             f" {scaling_jobs:,} jobs each"
         )
-    if "limits" in workloads:
+    if any(workload.split(":")[0] == "limits" for workload in workloads):
         what.append(f"the limits workload's variants, each a drain of {jobs:,} jobs at concurrency {CONCURRENCY}")
     if "anatomy" in workloads:
         server = "; PostgreSQL on a server of the harness's own with pg_stat_statements" if "postgres" in databases else ""
