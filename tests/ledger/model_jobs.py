@@ -42,6 +42,8 @@ def _run(ctx, tag, key="", hold=0.0, hold_first=0.0, stubborn=False, fail=""):
         .first()
     )
     claim_ms, limit_key, running, rate, period_ms, errors = row or (None, key or None, None, None, None, "[]")
+    seen: dict[float, str] = {}  # confirmed_until (monotonic) -> "seen:until" on the wall clock
+    _note_confirmed(ctx, None, seen)
     span = Span.objects.create(
         job_id=ctx.job_id,
         token=ctx.claim_token,
@@ -55,6 +57,7 @@ def _run(ctx, tag, key="", hold=0.0, hold_first=0.0, stubborn=False, fail=""):
         claim_ms=claim_ms,
         start_us=start_us,
         tag=tag,
+        confirmed=",".join(seen.values()),
     )
     seconds = hold_first if ctx.attempt == 1 and hold_first else hold
     outcome = "done"
@@ -64,6 +67,7 @@ def _run(ctx, tag, key="", hold=0.0, hold_first=0.0, stubborn=False, fail=""):
             outcome = "stopped"
             break
         time.sleep(min(left, 0.02))
+        _note_confirmed(ctx, span, seen)
     failed_before = sum(1 for entry in json.loads(errors or "[]") if FAILURE in str(entry.get("message", "")))
     failing = (
         fail == "always" or (fail == "first" and ctx.attempt == 1) or (fail == "until_retry" and failed_before < ctx.max_attempts)
@@ -76,6 +80,21 @@ def _run(ctx, tag, key="", hold=0.0, hold_first=0.0, stubborn=False, fail=""):
             raise Abort(f"{tag} {FAILURE}")
         raise RuntimeError(f"{tag} {FAILURE} (attempt {ctx.attempt})")
     return tag
+
+
+def _note_confirmed(ctx, span, seen):
+    """Write on the span until when the lease is confirmed, each time a renewal moves it.
+
+    The checker judges a takeover by when the old attempt's lease truly ran out; what the handler
+    saw tells it when the last renewal before a stop came, where a keeper running late (a loaded
+    host) would otherwise be taken for one that stopped renewing.
+    """
+    if ctx.confirmed_until in seen:
+        return
+    wall_ms = time.time() * 1000
+    seen[ctx.confirmed_until] = f"{round(wall_ms)}:{round(wall_ms + (ctx.confirmed_until - time.monotonic()) * 1000)}"
+    if span is not None:  # else written as the span is made
+        Span.objects.filter(pk=span.pk).update(confirmed=",".join(seen.values()))
 
 
 @job(name="model.work")

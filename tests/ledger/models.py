@@ -41,3 +41,8 @@ class Span(models.Model):
     end_us = models.BigIntegerField(null=True)
     outcome = models.CharField(max_length=20, blank=True, default="")
     tag = models.CharField(max_length=100, blank=True, default="")
+    # What the handler saw of its lease as it ran: "seen:until" pairs, comma-separated, each the
+    # host's wall clock in epoch ms: when the handler read the context's ``confirmed_until``, and
+    # the lease's end it gave (the claim's or a renewal's time + the lease, never after the end
+    # the database then held). The checker's evidence of when the lease was last renewed.
+    confirmed = models.TextField(blank=True, default="")

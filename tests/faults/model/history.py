@@ -20,8 +20,8 @@ from .spec import Scenario
 
 LEASE_MS = 2_000
 HEARTBEAT_MS = 500
-# How late a renewal may come on top of the heartbeat: stalls at the race points (up to 150 ms,
-# several in a row) and a busy database.
+# How late a renewal may come on top of the heartbeat (stalls at the race points, up to 150 ms,
+# several in a row, and a busy database), where no reading of the handler's tells.
 RENEWAL_SLACK_MS = 300
 # Claim times are written by different processes, each reading the queue's clock: they agree
 # to within a round trip to the database.
@@ -47,6 +47,12 @@ class SpanRow:
     end_us: int | None
     outcome: str
     tag: str
+    confirmed: str = ""  # the handler's "seen:until" readings of its lease (tests/ledger/models.py)
+
+    @property
+    def confirmations(self) -> list[tuple[int, int]]:
+        """(when the handler looked, until when its lease was confirmed then), in epoch ms, in order."""
+        return [(int(seen), int(until)) for seen, until in (pair.split(":") for pair in self.confirmed.split(",") if pair)]
 
     @property
     def start(self) -> float:
@@ -110,21 +116,36 @@ class History:
     def lapsed(self, span: SpanRow, at_ms: float) -> bool:
         """Whether the lease of ``span``'s attempt may truly have expired by ``at_ms``, and not been renewed since.
 
-        Only a blackout of its process makes that possible: stopped, or its renewals blocked. The
-        lease was last renewed at the latest a heartbeat (plus slack) before the blackout began,
-        or at the claim if that came later, so it expires a lease after that; once the blackout
-        ends, a renewal confirms or loses it within a heartbeat (plus slack).
+        Only a blackout of its process makes that possible: stopped, or its renewals blocked.
         """
         return self.lapsed_between(span, at_ms, at_ms)
 
     def lapsed_between(self, span: SpanRow, after_ms: float, before_ms: float) -> bool:
-        """Whether the lease of ``span``'s attempt may truly have expired at some moment from ``after_ms`` to ``before_ms``."""
+        """Whether the lease of ``span``'s attempt may truly have expired at some moment from ``after_ms`` to ``before_ms``.
+
+        Where the handler ran before a blackout began, its readings of the lease say when it was
+        held: each confirmed it from the claim's or renewal's time until that time + the lease, and
+        the database then held it at least as long. The lease may have lapsed where no reading
+        covers, from the end of the cover the blackout began in until a reading covers again (none:
+        it never came back), and only if that lapse began no later than a renewal could follow the
+        blackout's end: a lease that ran out while its process ran is no blackout's doing.
+
+        A handler that started after the blackout saw nothing of it: its lease was renewed at the
+        latest a heartbeat (plus slack) before the blackout began, or at its claim if that came
+        later, and is confirmed again a heartbeat (plus slack) after the blackout ends.
+        """
         # A span without its claim time was taken over before its handler read the row: claimed earlier.
         claimed = float(span.claim_ms) if span.claim_ms is not None else float("-inf")
         for blackout in self.blackouts.get(span.pid, []):
-            renewed = max(blackout.began_ms - HEARTBEAT_MS - RENEWAL_SLACK_MS, claimed)
-            expired = renewed + LEASE_MS - CLOCK_TOLERANCE_MS
-            confirmed = blackout.ended_ms + HEARTBEAT_MS + 2 * RENEWAL_SLACK_MS
+            if any(looked < blackout.began_ms for looked, _ in span.confirmations):
+                lapse = _lapse(span, blackout)
+                if lapse is None:
+                    continue
+                expired, confirmed = lapse
+            else:
+                renewed = max(blackout.began_ms - HEARTBEAT_MS - RENEWAL_SLACK_MS, claimed)
+                expired = renewed + LEASE_MS - CLOCK_TOLERANCE_MS
+                confirmed = blackout.ended_ms + HEARTBEAT_MS + 2 * RENEWAL_SLACK_MS
             if expired <= before_ms and after_ms <= confirmed:
                 return True
         return False
@@ -162,6 +183,26 @@ class History:
             f"job {job_id} ({self.tag(job_id)}) {job.name} queue {job.queue}: {job.status}, attempt {job.attempts}/"
             f"{job.max_attempts}, token {job.claim_token}, ended {self.t(job.finished_ms)}, cancelled_by {job.cancelled_by}"
         )
+
+
+def _lapse(span: SpanRow, blackout: Blackout) -> tuple[float, float] | None:
+    """From when to when ``span``'s lease may have been out because of ``blackout``, by its handler's
+    readings; None when a reading covers the whole blackout or the lease ran out while its process ran.
+    """
+    held = sorted((until - LEASE_MS, until) for _, until in span.confirmations)
+    lapsed_at: float | None = None
+    for confirmed_from, until in held:
+        if lapsed_at is None:
+            if confirmed_from <= blackout.began_ms <= until:
+                lapsed_at = until  # the cover the blackout began in ends here, unless a later reading extends it
+        elif confirmed_from <= lapsed_at:
+            lapsed_at = max(lapsed_at, until)
+        else:
+            break  # the cover stopped at lapsed_at; this reading confirmed the lease again
+    if lapsed_at is None or lapsed_at > blackout.ended_ms + HEARTBEAT_MS + 2 * RENEWAL_SLACK_MS:
+        return None
+    again = [confirmed_from for confirmed_from, _ in held if confirmed_from > lapsed_at]
+    return lapsed_at - CLOCK_TOLERANCE_MS, (min(again) if again else float("inf")) + CLOCK_TOLERANCE_MS
 
 
 def load(scenario: Scenario, record: Record) -> History:
