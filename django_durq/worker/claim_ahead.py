@@ -22,6 +22,11 @@ logger = logging.getLogger("django_durq")
 # jobs held stay those the slots start within ``PREFETCH``, so a larger bound claims no job
 # another worker should run.
 MAX_AHEAD = 1024
+# The most a pool holds ahead while its claims enforce limits. Such a claim counts every running
+# row, the jobs held ahead included, and judges each candidate in Python; where keys allow one
+# running job each, a larger batch passes over more jobs whose key it already holds. A per-key
+# drain ran 0.63x on PostgreSQL (0.92x on SQLite and MariaDB) at 1,024 ahead, against 256.
+LIMITED_MAX_AHEAD = 256
 
 # A job claimed ahead that has waited this long for a slot is handed back for other workers.
 BUFFER_MAX_WAIT_S = 0.25
@@ -47,7 +52,8 @@ class ClaimAhead(PoolCompletions):
         if not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
             return self.concurrency
         ahead = self.concurrency * horizon_s / max(mean, 1e-6)
-        return self.concurrency + min(MAX_AHEAD, int(ahead))
+        most = MAX_AHEAD if self.gate.claim_limits is None else LIMITED_MAX_AHEAD
+        return self.concurrency + min(most, int(ahead))
 
     def _hand_back(self, everything: bool) -> None:
         """Release buffered jobs that never started for other workers, the attempt not counted."""
