@@ -30,9 +30,11 @@ class Run:
 
 
 def runs(log: Path) -> list[Run]:
+    """The runs logged so far; a line a handler is still writing (no newline yet) is not one."""
     if not log.exists():
         return []
-    return [Run(line) for line in log.read_text().splitlines() if line.strip()]
+    complete = log.read_text().split("\n")[:-1]
+    return [Run(line) for line in complete if line.strip()]
 
 
 def most_at_once(ran: list[Run]) -> int:
