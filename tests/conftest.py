@@ -124,13 +124,6 @@ class WorkerProcess:
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout=timeout)
 
-    def stops_by_itself(self, timeout: float) -> int:
-        """Its exit status once it stops unasked; the test fails, showing its log, if it runs on past ``timeout``."""
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the worker did not stop:\n{self.output()}")
-
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -237,53 +230,3 @@ def fresh_claim_memory() -> Iterator[None]:
 
     mysql_claims.claims.__init__()  # type: ignore[misc]
     yield
-
-
-@contextmanager
-def refusing_trigger(event: str, when: str | None, message: str) -> Iterator[None]:
-    """A trigger on the job table fails every row's ``event`` (``UPDATE``, ``DELETE``) for the block,
-    where ``when`` holds (a condition on ``NEW``; None: every row), with an error no retry cures.
-
-    As a revoked privilege, a dropped column or a statement prepared on another server connection
-    would: the worker's thread that writes it stops on it.
-    """
-    from django.db import connection
-
-    vendor = db_vendor()
-    with connection.cursor() as cursor:
-        if vendor == "postgres":
-            cursor.execute(
-                "CREATE FUNCTION durq_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$"
-            )
-            condition = f"WHEN ({when}) " if when else ""
-            cursor.execute(
-                f"CREATE TRIGGER durq_test_refuse BEFORE {event} ON durq_job FOR EACH ROW {condition}"
-                "EXECUTE FUNCTION durq_test_refuse()"
-            )
-        elif vendor == "mysql":
-            # A duplicate-key errno: the driver raises IntegrityError, which no retry cures.
-            signal = f"SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = '{message}', MYSQL_ERRNO = 1062"
-            body = f"BEGIN IF {when} THEN {signal}; END IF; END" if when else signal
-            cursor.execute(f"CREATE TRIGGER durq_test_refuse BEFORE {event} ON durq_job FOR EACH ROW {body}")
-        else:
-            condition = f"WHEN {when} " if when else ""
-            cursor.execute(
-                f"CREATE TRIGGER durq_test_refuse BEFORE {event} ON durq_job FOR EACH ROW {condition}"
-                f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
-            )
-    try:
-        yield
-    finally:
-        drop_refusing_trigger()
-
-
-def drop_refusing_trigger() -> None:
-    """Drop ``refusing_trigger``'s trigger before its block ends (a worker started next may then write)."""
-    from django.db import connection
-
-    vendor = db_vendor()
-    with connection.cursor() as cursor:
-        cursor.execute("DROP TRIGGER IF EXISTS durq_test_refuse" + (" ON durq_job" if vendor == "postgres" else ""))
-        if vendor == "postgres":
-            cursor.execute("DROP FUNCTION IF EXISTS durq_test_refuse()")

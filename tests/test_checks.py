@@ -134,9 +134,8 @@ def test_a_pool_too_small_for_the_worker_is_an_error(settings):
     try:
         connection.settings_dict["OPTIONS"] = {**options, "pool": {"max_size": 3}}
         (error,) = [m for m in run_checks() if m.id == "durq.E020"]
-        # slots 4 + 2 + 1, a dispatcher and a completion writer per queue (6), the monitor, lease keeper,
-        # maintenance runner, events
-        assert "max_size 3" in error.msg and "holds up to 17 connections" in error.msg
+        # slots 4 + 2 + 1, a dispatcher per queue (3), the monitor, lease keeper, maintenance runner, events
+        assert "max_size 3" in error.msg and "holds up to 14 connections" in error.msg
     finally:
         connection.settings_dict["OPTIONS"] = options
 

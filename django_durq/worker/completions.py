@@ -1,4 +1,4 @@
-"""A pool's finished jobs: recorded in batches, by its completion writer or with its next claim (see ``pool.py``)."""
+"""A pool's finished jobs: recorded in batches, in the transaction that claims next (see ``pool.py``)."""
 
 from __future__ import annotations
 
@@ -75,8 +75,7 @@ class PoolCompletions:
         confirmed, in which case the first try committed it.
         """
         runtime = self.runtime
-        if claim:
-            self._prepare_connection()  # the claims' tuning: a completion writer's connection needs none
+        self._prepare_connection()
         limit, now = claim if claim else (0, 0)
         limits = self.gate.claim_limits
         # A limited claim reads the time again once it has its turn: never past the book's bound.

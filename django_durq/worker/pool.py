@@ -13,14 +13,11 @@ see it and left there until its outcome is committed; the lease keeper renews wh
 holds. Bookkeeping here is by attempt, never by job id, so a stale attempt of a job (abandoned
 at its timeout, or whose lease lapsed) cannot disturb a newer one of the same job.
 
-Finished jobs are recorded in batches: where writers run in parallel and the pool's claims
-enforce no limit, by the pool's completion writer on a connection of its own while the
-dispatcher claims (``completion_writer.py``); otherwise in the same transaction as the next
-claim. A finished job waits in memory at most ``COMPLETION_HOLD_MS`` plus the write in
-progress, and at most ``FLUSH_BATCH`` of them wait at once unless a write is in progress; a
-crash in that window runs them again once their leases expire (at-least-once). Jobs claimed
-ahead that wait longer than ``BUFFER_MAX_WAIT_S`` (a long job took the slot they were meant
-for) are handed back, attempt uncounted, for idle workers.
+Finished jobs are deleted in batches, in the same transaction as the next claim: a finished
+job waits in memory at most ``COMPLETION_HOLD_MS`` plus the write in progress, and at most
+``FLUSH_BATCH`` of them wait at once; a crash in that window runs them again once their leases
+expire (at-least-once). Jobs claimed ahead that wait longer than ``BUFFER_MAX_WAIT_S`` (a long
+job took the slot they were meant for) are handed back, attempt uncounted, for idle workers.
 
 An idle dispatcher probes with a read before it claims, so an idle poll on SQLite takes no
 write lock, and sleeps until it is kicked (an enqueue, another process's commit, a freed
@@ -33,9 +30,8 @@ running limit holds a place until the handler's thread is done with it: its runn
 place row for a handler that outlives its attempt (``held_places.py``), written before a
 timed-out attempt is failed and freed when its thread returns at last.
 
-The pool is in parts: its slots (``slots.py``), the claim-ahead buffer (``claim_ahead.py``), the
-completions held for a batch (``completions.py``) and their writer (``completion_writer.py``).
-Here: the dispatcher and the pool's start.
+The pool is in parts: its slots (``slots.py``), the claim-ahead buffer (``claim_ahead.py``) and
+the completions held for a batch (``completions.py``). Here: the dispatcher and the pool's start.
 """
 
 from __future__ import annotations
@@ -56,7 +52,6 @@ from ..execution.outcomes import Completion
 from ..handlers.context import JobContext
 from .attempt import Attempt
 from .claim_ahead import BUFFER_MAX_WAIT_S
-from .completion_writer import CompletionWriter
 from .completions import COMPLETION_HOLD_MS, FLUSH_BATCH
 from .flow_gate import FlowGate
 from .held_places import HeldPlaces
@@ -123,8 +118,6 @@ class Pool(Slots):
             emit=runtime.events.emit,
             emit_many=runtime.events.emit_many,
         )
-        # Where writers run in parallel, finished jobs are written beside the claims (completion_writer.py).
-        self._writer = None if self._serialized else CompletionWriter(self)
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"durq-{queue}-dispatch", daemon=True)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -133,8 +126,6 @@ class Pool(Slots):
         wakeup.subscribe(self.queue, self._wake)
         for _ in range(self.concurrency):
             self._add_thread()
-        if self._writer is not None:
-            self._writer.start()
         self._dispatcher.start()
 
     def _wake(self, named: bool) -> bool:
@@ -195,15 +186,6 @@ class Pool(Slots):
                 refill = want > 0 and ready <= self._low_water and runtime.book.may_claim(now_mono) and runtime.presence_held()
                 overdue = held_for_s * 1000 >= COMPLETION_HOLD_MS
                 flush = pending > 0 and (pending >= FLUSH_BATCH or overdue or refill)
-                if flush and self._writes_apart():
-                    # Written beside the claim; while a batch is being written, the rest waits for it.
-                    if self._writer.take(self._take_completions):  # type: ignore[union-attr]
-                        flush, pending = False, 0
-                    elif refill:
-                        flush = False  # claim now: the completions go to the writer next
-                    else:
-                        wait_s = runtime.poll_s  # the writer kicks once its batch is in
-                        continue
                 if not refill and not flush:
                     if pending:
                         wait_s = max(COMPLETION_HOLD_MS / 1000 - held_for_s, 0.0005)
@@ -233,7 +215,7 @@ class Pool(Slots):
                         poll_ms = runtime.poll_s * 1000
                         wait_s = max(poll_ms if due is None else min(due - now, poll_ms), 1) / 1000
                         continue
-                # A flush the writer does not take tops the buffer up too: one transaction both records and claims.
+                # A flush tops the buffer up too: one transaction both records and claims.
                 sharing = self._serialized and time.monotonic() < self._sharing_until
                 if sharing:
                     want = min(want, SERIALIZED_CLAIM_MAX)
@@ -241,7 +223,7 @@ class Pool(Slots):
                 refill = refill and runtime.book.may_claim(time.monotonic())
                 limit = runtime.claim_budget(want) if refill and want > 0 else 0
                 write_started = time.monotonic()
-                jobs = self._record_completions(self._take_completions() if flush else [], [limit, now] if limit else [])
+                jobs = self._record_completions(self._take_completions(), [limit, now] if limit else [])
                 if sharing:
                     finished_at = time.monotonic()
                     self._write_free_at = finished_at + (finished_at - write_started) * SERIALIZED_GAP_FACTOR
@@ -266,8 +248,6 @@ class Pool(Slots):
             runtime.fail("dispatcher failure", error)
         finally:
             wakeup.unsubscribe(self.queue, self._wake)
-            if self._writer is not None:
-                self._writer.close()
             self._hand_back(everything=True)
             while self.busy() > 0:
                 self.kick.wait(0.05)
@@ -281,11 +261,6 @@ class Pool(Slots):
             connections.close_all()  # this thread's: the server sees the session end, not a dropped socket
             self.finished.set()
             runtime.wake_main()
-
-    def _writes_apart(self) -> bool:
-        """Whether finished jobs go to the completion writer: not where the claim must see the places they free."""
-        writer = self._writer
-        return writer is not None and writer.running and self.gate.claim_limits is None and not len(self.places)
 
     def _buffer_wait(self, wait_s: float) -> float:
         """How long the dispatcher may sleep while jobs wait in the buffer, whatever step comes before.

@@ -19,8 +19,7 @@ from .attempt import AttemptBook
 from .events import Events
 from .row_presence import RowBeat
 
-# Database connections a worker process holds besides one per slot and two per queue (its
-# dispatcher, and its completion writer where writers run in parallel):
+# Database connections a worker process holds besides one per slot and one per queue's dispatcher:
 # the monitor, the lease keeper, the maintenance runner and the events thread (once a signal
 # receiver uses the database). The main thread closes its own once the worker has started, and
 # the wake-up watcher (PostgreSQL, MariaDB) opens one more outside Django's connection handling,
@@ -37,7 +36,7 @@ POLL_WITH_WAKEUPS_MS = 5_000
 
 def connections_needed(concurrencies: list[int]) -> int:
     """Connections from Django's pool that one worker running queues of these sizes holds at most."""
-    return sum(size + 2 for size in concurrencies) + SHARED_CONNECTIONS
+    return sum(size + 1 for size in concurrencies) + SHARED_CONNECTIONS
 
 
 def new_worker_id() -> str:

@@ -78,9 +78,8 @@ def test_t24_idle_connections_dropped_then_work_arrives(faults):
 def test_t25_connection_budget_and_no_leftover_backends(faults):
     # One worker with three pools: slots 4 + 2 + 1.
     worker = faults.spawn("--queue", "default:4", "--queue", "fast:2", "--queue", "slow:1")
-    # A connection per slot, per pool dispatcher and per pool completion writer; monitor, lease
-    # keeper, maintenance, events, watcher.
-    budget = (4 + 2 + 1) + 2 * 3 + 5
+    # A connection per slot and per pool dispatcher; monitor, lease keeper, maintenance, events, watcher.
+    budget = (4 + 2 + 1) + 3 + 5
     jobs.effect.enqueue_many([{"tag": "budget"} for _ in range(size(150, 1000))])
     jobs.effect_fast.enqueue_many([{"tag": "budget"} for _ in range(size(60, 500))])
     jobs.slow.enqueue_many([{"seconds": 0, "tag": "budget"} for _ in range(size(40, 250))])

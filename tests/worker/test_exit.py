@@ -16,9 +16,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from django.db import connection
 
 from django_durq.models import WorkerProcess
-from tests.conftest import ROOT, refusing_trigger, wait_until
+from tests.conftest import ROOT, db_vendor, wait_until
 from tests.ledger import jobs
 from tests.ledger.models import Effect
 
@@ -30,15 +31,51 @@ LONG_POLL = {"DURQ_TEST_POLL": "30"}
 
 @pytest.fixture
 def claims_refused() -> Iterator[None]:
-    """The database rejects every claim with an error no retry can cure: the dispatcher stops on it."""
-    with refusing_trigger("UPDATE", "NEW.status = 'running'", "claims refused by a test trigger"):
+    """The database rejects every claim with an error no retry can cure (a trigger on the job table).
+
+    As a statement prepared on another server connection, a revoked privilege or a dropped
+    column would: the dispatcher stops on it.
+    """
+    vendor = db_vendor()
+    with connection.cursor() as cursor:
+        if vendor == "postgres":
+            cursor.execute(
+                "CREATE FUNCTION durq_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'claims refused by a test trigger'; END $$"
+            )
+            cursor.execute(
+                "CREATE TRIGGER durq_test_refuse BEFORE UPDATE ON durq_job FOR EACH ROW "
+                "WHEN (NEW.status = 'running') EXECUTE FUNCTION durq_test_refuse()"
+            )
+        elif vendor == "mysql":
+            # A duplicate-key errno: the driver raises IntegrityError, which no retry cures.
+            cursor.execute(
+                "CREATE TRIGGER durq_test_refuse BEFORE UPDATE ON durq_job FOR EACH ROW "
+                "BEGIN IF NEW.status = 'running' THEN "
+                "SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'claims refused by a test trigger', MYSQL_ERRNO = 1062; "
+                "END IF; END"
+            )
+        else:
+            cursor.execute(
+                "CREATE TRIGGER durq_test_refuse BEFORE UPDATE ON durq_job FOR EACH ROW "
+                "WHEN NEW.status = 'running' BEGIN SELECT RAISE(ABORT, 'claims refused by a test trigger'); END"
+            )
+    try:
         yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER durq_test_refuse" + (" ON durq_job" if vendor == "postgres" else ""))
+            if vendor == "postgres":
+                cursor.execute("DROP FUNCTION durq_test_refuse()")
 
 
 def test_a_dispatcher_that_fails_stops_the_worker_with_status_3(spawn_worker, claims_refused):
     jobs.effect.enqueue(tag="refused")
     worker = spawn_worker("--queue", "default:1")
-    status = worker.stops_by_itself(60)
+    try:
+        status = worker.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker did not stop:\n{worker.output()}")
     output = worker.output()
     assert status == 3, output
     assert "the dispatcher of queue 'default' stopped on an unexpected error" in output
