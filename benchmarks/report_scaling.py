@@ -254,7 +254,8 @@ def section(lines: list[Line], charts_drawn: list[str]) -> list[str]:
             "statements; threads of one process share one dispatcher.",
             "",
             "Claim p50 / p99: how long each call of the claim took in the workers, over every claim during the drain "
-            "(`sites/bench_durq/claim_log.py` wraps the dialect's `claim` in the benchmark site): the one claim "
+            "(`sites/bench_durq/claim_log.py` wraps the dialect's `claim`, and PostgreSQL's `claim_counted`, "
+            "in the benchmark site): the one claim "
             "statement on PostgreSQL; the locking read and the UPDATE on MariaDB. Workers CPU: all worker processes. "
             "Sessions CPU: the server backends (PostgreSQL) or connection threads (MariaDB) serving this database. "
             "Server CPU: the whole server process, background writers, WAL and InnoDB purge included. CPUs busy: the "
