@@ -2,7 +2,8 @@
 
 At a point, the worker checks for a file ``<dir>/<point>``. When it exists, the worker writes
 ``<dir>/<point>.reached.<job id>`` and waits until ``<dir>/<point>`` is removed. A test thus
-holds a worker at an exact place (after a claim, before a completion, inside a heartbeat),
+holds a worker at an exact place (after a claim, before a completion, inside a heartbeat or
+the renewal's transaction),
 does something to it (kill -9, a second claim, a purge) and lets it go.
 
 A fault point works the same way: while ``<dir>/fail.<operation>`` holds a number above zero,
@@ -18,7 +19,7 @@ import time
 
 from . import get_settings
 
-POINTS = ("after_claim", "before_complete", "in_heartbeat", "in_claim")
+POINTS = ("after_claim", "before_complete", "in_heartbeat", "in_renewal", "in_claim")
 
 
 def reach(point: str, job_id: int | str) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import transaction
 
+from ..conf import hooks
 from . import gates
 from .base import CLAIM_COLUMNS, JOB, NOT_PAUSED, ClaimedJob, Dialect, Lease, Renewal
 from .mysql_claims import CLAIM_TURN_WAIT_S, EXPIRED_LOOK_MS, claims
@@ -100,6 +103,9 @@ _TURN = "CONCAT('durq:', SHA1(CONCAT(DATABASE(), ':', %s)))"
 # How long an enqueuer waits for its turn: longer than InnoDB's default lock wait (50 s), which
 # bounds how long the session holding the turn can itself wait.
 _TURN_WAIT_S = 60
+
+# The bound on a renewal session's silence inside its transaction, set per driver connection (``_bound_silence``).
+_SILENCE_BOUND_S: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 # Deadlock found (rolls back the whole transaction); lock wait timeout (rolls back the
 # statement): both are safe to retry.
@@ -221,12 +227,15 @@ class MySQLDialect(Dialect):
         """Extend the leases whose rows no other transaction holds: lock those, then update them.
 
         As on PostgreSQL, a row another transaction has locked is skipped, not waited for, and
-        reported ``busy`` while still held; ``bound_ms`` caps each statement (``max_statement_time``).
+        reported ``busy`` while still held; ``bound_ms`` caps each statement (``max_statement_time``)
+        and, in a transaction of the renewal's own, the session's silence inside it (``_bound_silence``).
         """
         if not leases:
             return Renewal({})
         held, params = self.held_many(leases)
         bound = "" if bound_ms is None else f"SET STATEMENT max_statement_time = {bound_ms / 1000:.3f} FOR "
+        if bound_ms is not None and not self.connection.in_atomic_block:
+            self._bound_silence(bound_ms)
         with transaction.atomic(using=self.connection.alias):
             pick = f"{bound}SELECT id, claim_token, stop_requested FROM {JOB} WHERE {held} FOR UPDATE SKIP LOCKED"
             rows = self.fetchall(pick, params)
@@ -237,11 +246,29 @@ class MySQLDialect(Dialect):
                     f"{bound}UPDATE {JOB} SET lease_expires_ms = GREATEST(lease_expires_ms, %s + lease_ms) WHERE id IN ({ids})",
                     [now_ms],
                 )
+            for job_id, _ in renewed:
+                hooks.reach("in_renewal", job_id)  # a keeper frozen while it holds the renewed rows' locks
             busy: set[Lease] = set()
             if len(renewed) < len(set(leases)):
                 busy = {(row[0], row[1]) for row in self.fetchall(f"SELECT id, claim_token FROM {JOB} WHERE {held}", params)}
                 busy -= renewed.keys()
         return Renewal(renewed, busy)
+
+    def _bound_silence(self, bound_ms: int) -> None:
+        """Have the server end this session once it is silent inside a transaction for ``bound_ms`` (in whole seconds).
+
+        A renewal holds the locks of the rows it renews until it commits, and the claims that
+        rescue expired jobs skip locked rows: a keeper frozen in between (a paused process, a
+        stalled host) would keep its jobs from them for as long as it stays frozen. The setting is
+        the session's (MariaDB has no setting for one transaction's idle time); the renewal runs
+        on the keeper's own connection, and a caller's transaction is never bounded (see ``renew``).
+        """
+        seconds = max(1, math.ceil(bound_ms / 1000))
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        if _SILENCE_BOUND_S.get(raw) != seconds:
+            self.execute(f"SET SESSION idle_transaction_timeout = {seconds}")
+            _SILENCE_BOUND_S[raw] = seconds
 
     @contextlib.contextmanager
     def dedupe_turn(self, key: str) -> Iterator[None]:

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..conf import get_settings
+from ..conf import get_settings, hooks
 from . import gates
 from . import postgresql_claims as claims
 from .base import JOB, ClaimCount, ClaimedJob, Dialect, Lease, Renewal, own_connection
@@ -73,8 +73,14 @@ _STILL_HELD = {held: f"SELECT id, claim_token FROM {JOB} WHERE {held}" for held 
 # The places of attempts (db/places.py), matched the same two ways.
 _ATTEMPTS_DISTINCT = "job_id = ANY(%s::bigint[]) AND claim_token = (%s::bigint[])[array_position(%s::bigint[], job_id)]"
 _ATTEMPTS_PAIRS = "(job_id, claim_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))"
-# For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past the bound.
-_BOUND = "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+# For the rest of the renewal's own transaction: no wait for a lock, nor the whole statement, past
+# the bound; nor the session's silence while it holds the renewed rows' locks: a keeper frozen
+# there (a paused process, a stalled host) would keep its jobs from the claims that rescue them,
+# which skip locked rows, for as long as it stays frozen. The server ends such a session instead.
+_BOUND = (
+    "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
+    " set_config('idle_in_transaction_session_timeout', %s, true)"
+)
 # Both turns of a limited claim in one round trip. PostgreSQL sorts the rows before it locks them,
 # so the queue's row is locked first and the keys' turn second, the order every claimer keeps.
 _LOCK_TURNS = "SELECT queue, paused FROM durq_queue_control WHERE queue IN (%s, %s) ORDER BY queue = %s FOR UPDATE"
@@ -228,9 +234,11 @@ class PostgreSQLDialect(Dialect):
         bounded = bound_ms is not None and not self.connection.in_atomic_block
         with transaction.atomic(using=self.connection.alias):
             if bounded:
-                self.fetchall(_BOUND, [str(bound_ms)] * 2)
+                self.fetchall(_BOUND, [str(bound_ms)] * 3)
             rows = self.fetchall(_RENEW[held], [now_ms, *params])
             renewed = {(row[0], row[1]): bool(row[2]) for row in rows}
+            for job_id, _ in renewed:
+                hooks.reach("in_renewal", job_id)  # a keeper frozen while it holds the renewed rows' locks
             busy: set[Lease] = set()
             if len(renewed) < len(set(leases)):
                 busy = {(row[0], row[1]) for row in self.fetchall(_STILL_HELD[held], params)} - renewed.keys()

@@ -216,6 +216,35 @@ def test_paused_worker_past_its_lease_is_fenced_when_it_resumes(faults):
     assert problems_in(sleeper.output()) == []
 
 
+@only_on("postgres", "mysql")  # SQLite: a frozen writer holds the whole file (docs/sqlite.md)
+def test_a_worker_frozen_inside_its_renewal_does_not_keep_its_job_from_the_rescuer(faults):
+    """Frozen (``SIGSTOP``) while its lease keeper's renewal holds the job's row lock, the worker's
+    session stays open and the lock with it; the rescuer's claim skips locked rows. The server
+    ends a renewal's session once it is silent inside its transaction for longer than the
+    renewal's bound, so the job is taken over within the catalogue's cap all the same.
+    """
+    frozen_job = jobs.stubborn.enqueue(seconds=5.0)  # sleeps on its first run only
+    faults.gates.close("in_renewal")
+    sleeper = faults.spawn("--queue", "default:1", hooks=True)
+    faults.gates.wait("in_renewal", frozen_job.pk)
+    sleeper.signal(signal.SIGSTOP)
+    faults.gates.open("in_renewal")  # takes effect only once the worker is continued
+    try:
+        # The job's lease runs out at most LEASE_S after the stop: once the rescuer is ready, the
+        # cap is counted from there (it is what a rescuer already running would see).
+        rescuer = faults.spawn_ready("--queue", "default:1")
+        wait_until(lambda: Job.objects.get(pk=frozen_job.pk).attempts == 2, RECOVERY_S, "the rescuer to claim the job")
+        wait_until(lambda: Job.objects.get(pk=frozen_job.pk).status == Status.FINISHED, 30, "the rescue to finish")
+    finally:
+        sleeper.signal(signal.SIGCONT)
+    wait_until(lambda: FENCED.search(sleeper.output()), 30, "the continued worker to learn it lost the lease")
+    row = Job.objects.get(pk=frozen_job.pk)
+    assert (row.status, row.attempts) == (Status.FINISHED, 2)
+    assert checker.check({frozen_job.pk}).ok
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=30) == 0
+
+
 @one_leg
 @only_on("sqlite", "postgres")
 def test_stalled_heartbeat_loses_the_lease_and_the_late_completion_is_fenced(faults):
