@@ -23,14 +23,24 @@ class LeaseStatements(Statements):
         ``UPDATE``. Dialects that can pass the pairs as one array parameter override this, so the
         SQL text stays the same for every batch size and the driver's statement cache can keep
         it (SQLite's ``IN`` takes no list of row values).
+
+        A single pair is written as two equalities: MariaDB finds no key in a one-element
+        row-value ``IN`` of a ``DELETE`` or an ``UPDATE`` and reads the whole table.
+
+        A row is running exactly while its ``lease_expires_ms`` is set, and that is what is
+        tested: no index starts with it. ``status = 'running'`` let MariaDB read the running rows
+        through the status index whenever it counted fewer of them than pairs in the batch (a
+        batch with attempts already ended, the end of a drain); a locking statement locks every
+        row it reads, so a completion then waited for every other worker's transaction that held
+        a running row, and the workers' completions queued up behind one another.
         """
-        return f"status = 'running' AND (id, claim_token) IN ({integer_pairs(leases)})", []
+        return f"lease_expires_ms IS NOT NULL AND {_pairs_in('id', leases)}", []
 
     def attempt_pairs(self, leases: Sequence[Lease]) -> tuple[str, list[Any]]:
         """A condition matching the rows of a table keyed by attempt (``job_id``, ``claim_token``): the
         places under limits (db/places.py). Dialects that can pass the pairs as arrays override it.
         """
-        return f"(job_id, claim_token) IN ({integer_pairs(leases)})", []
+        return _pairs_in("job_id", leases), []
 
     def renew(self, leases: Sequence[Lease], now_ms: int, bound_ms: int | None = None) -> Renewal:
         """Extend leases to at least ``now_ms`` + their length, each matched by its own (id, token).
@@ -63,3 +73,11 @@ class LeaseStatements(Statements):
             )
             == 1
         )
+
+
+def _pairs_in(column: str, leases: Sequence[Lease]) -> str:
+    """``column`` and ``claim_token`` among the pairs of ``leases``, written so that a key lookup finds them."""
+    if len(leases) == 1:
+        ((job_id, token),) = leases
+        return f"{column} = {int(job_id)} AND claim_token = {int(token)}"
+    return f"({column}, claim_token) IN ({integer_pairs(leases)})"

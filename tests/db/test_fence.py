@@ -8,18 +8,23 @@ own token, whichever the batch holds.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 
 from django_durq.db import dialect_for, places
 from django_durq.models import Job, LimitPlace, Status
+from tests.conftest import db_vendor
 from tests.ledger import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOW = 1_800_000_000_000
+# A wait for a row lock fails after this long (whole seconds on MariaDB) instead of the default 50 s.
+LOCK_WAIT_BOUND = {"postgres": "SET lock_timeout = '3s'", "mysql": "SET SESSION innodb_lock_wait_timeout = 3"}
 
 
 def claimed(count: int) -> list[tuple[int, int]]:
@@ -91,3 +96,58 @@ def test_a_kept_batch_frees_the_places_of_the_handlers_that_ended_with_it(batch)
         (Status.RUNNING, None),
     ]
     assert rows[b].result == '"done"'
+
+
+@pytest.mark.skipif(db_vendor() == "sqlite", reason="SQLite has no row locks: a writer holds the whole file")
+@pytest.mark.parametrize("batch", ["one job", "more pairs than running rows"])
+@pytest.mark.parametrize("write", ["delete", "keep", "renew", "hand back"])
+def test_a_batch_waits_on_no_lock_of_a_row_outside_it(write, batch):
+    """The fence finds its rows by primary key, whatever the batch and whatever the planner thinks.
+
+    Another worker's running row is locked by a transaction still open (its completion or claim
+    in flight, an operator's action). A statement that reads more rows than its own locks each
+    of them, and waited for that transaction's end. Two batches led MariaDB's planner there: a
+    single pair, whose row-value condition it cannot turn into a key lookup in a ``DELETE`` or
+    an ``UPDATE`` (it read the whole table), and more pairs than running rows (attempts whose
+    jobs another worker already ended are fenced off with the rest), where reading the running
+    rows by their status looked cheaper than the pairs' lookups.
+    """
+    dialect = dialect_for(connection)
+    ours = claimed(30 if batch != "one job" else 1)
+    jobs.noop.enqueue(n=30)
+    (theirs,) = dialect.claim("default", 1, NOW, "test:other")
+    # Jobs waiting, as in a queue with a backlog: MariaDB's planner reads a table of a few
+    # hundred rows whole, whatever the condition, and then locks every row of it.
+    jobs.noop.enqueue_many([{"n": n} for n in range(2000)])
+    gone = [(job_id + 100_000, 1) for job_id in range(60 if batch != "one job" else 0)]  # jobs others already ended
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_their_row() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM durq_job WHERE id = %s FOR UPDATE", [theirs.id])
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_their_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute(LOCK_WAIT_BOUND[db_vendor()])
+        started = time.monotonic()
+        if write == "delete":
+            assert dialect.complete([*gone, *ours]) == set(ours)
+        elif write == "keep":
+            assert dialect.finish_many([(lease, NOW, None) for lease in [*gone, *ours]]) == set(ours)
+        elif write == "renew":
+            assert set(dialect.renew([*gone, *ours], NOW + 1).renewed) == set(ours)
+        else:
+            assert dialect.release([*gone, *ours], started=True, now_ms=NOW) == len(ours)
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+        holder.join()
+        connection.close()  # the session's lock wait bound goes with it
