@@ -63,10 +63,10 @@ def saturation(lines: list[Line], database: str) -> str:
     busy = median(group, "machine_busy_percent")
     at = knee(lines, database)
     text = [
-        f"**{DB_LABEL[database]}**: the most, {rate:,.0f} jobs/s, at {processes} processes"
+        f"**{DB_LABEL[database]}**: the most, {rate:,.0f} jobs/s, at {_processes(processes)}"
         + (f" ({rate / one_rate:.1f}× one process)" if one_rate else "")
         + (
-            f"; past {at} processes, doubling them adds less than {KNEE_GAIN - 1:.0%}."
+            f"; past {_processes(at)}, doubling them adds less than {KNEE_GAIN - 1:.0%}."
             if at
             else "; it still rose at the last point."
         )
@@ -378,3 +378,7 @@ def _scaling_chart(lines: list[Line], img: Any, plt: Any) -> list[str]:
     fig.savefig(img / "bench-scaling.png", dpi=110)
     plt.close(fig)
     return ["bench-scaling.png"]
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
