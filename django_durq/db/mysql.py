@@ -89,13 +89,16 @@ def watcher_look(gaps: int, queues: int) -> str:
 # result] per job, unpacked by JSON_TABLE and joined to the rows by their attempt. The shared
 # statement's two lists of the batch's length (``CASE id WHEN …`` and the (id, token) pairs) cost
 # the driver an escaped literal per value, and the server a parse of both, on every batch. Each
-# assignment reads only the batch's values: a multi-table UPDATE assigns in no set order.
+# assignment reads only the batch's values: a multi-table UPDATE assigns in no set order. The
+# rows are found from the batch by primary key (named: with few running rows the planner read
+# them through the status index first, locking each, and waited for other workers' transactions),
+# and a running row is one whose lease is set, as in ``held_many``.
 _FINISH = (
-    f"UPDATE {JOB} AS j JOIN JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$[0]', token BIGINT PATH '$[1]',"
-    " finished_ms BIGINT PATH '$[2]', result LONGTEXT CHARACTER SET utf8mb4 PATH '$[3]')) AS kept"
+    f"UPDATE {JOB} AS j FORCE INDEX (PRIMARY) JOIN JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$[0]',"
+    " token BIGINT PATH '$[1]', finished_ms BIGINT PATH '$[2]', result LONGTEXT CHARACTER SET utf8mb4 PATH '$[3]')) AS kept"
     " ON j.id = kept.id AND j.claim_token = kept.token"
     " SET j.status = 'finished', j.lease_expires_ms = NULL, j.finished_ms = kept.finished_ms, j.result = kept.result"
-    " WHERE j.status = 'running' AND NOT j.stop_requested"
+    " WHERE j.lease_expires_ms IS NOT NULL AND NOT j.stop_requested"
 )
 
 # A named lock per dedupe key (hashed: lock names are short), scoped to the queue's database.
