@@ -44,12 +44,17 @@ class ClaimAhead(PoolCompletions):
     def _target(self, longest_running_s: float) -> int:
         """How many jobs to hold: one per slot, plus those the slots should start within the horizon.
 
-        Nothing is claimed ahead while a slot runs a job longer than the horizon: the jobs it
-        would hold could start sooner on another worker.
+        Nothing is claimed ahead while a slot runs a job longer than the horizon or than
+        ``BUFFER_MAX_WAIT_S``, whichever is longer: the jobs it would hold could start sooner on
+        another worker. Not the horizon alone: a job of microseconds whose process lost its core
+        runs for milliseconds (with 16 worker processes on 2 cores a fifth of the dispatchers'
+        looks found a job past 20 ms while the median job took 17 µs), and each such look
+        claimed a job or two, each claim a transaction. Jobs held ahead past
+        ``BUFFER_MAX_WAIT_S`` behind a job that long are handed back (``_hand_back``).
         """
         mean = self._mean_job_s
         horizon_s = self.prefetch_ms / 1000
-        if not self.prefetch_ms or mean is None or longest_running_s > horizon_s:
+        if not self.prefetch_ms or mean is None or longest_running_s > max(horizon_s, BUFFER_MAX_WAIT_S):
             return self.concurrency
         ahead = self.concurrency * horizon_s / max(mean, 1e-6)
         most = MAX_AHEAD if self.gate.claim_limits is None else LIMITED_MAX_AHEAD

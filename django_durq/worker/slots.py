@@ -25,6 +25,8 @@ TIMEOUT_GRACE_MS = 1_000
 IDLE_CHECK_S = 1.0
 # A handler running this long no longer counts as a slot about to start buffered jobs (see _wake_for_buffer).
 HEAD_STALL_S = 0.005
+# A job's time counts in the pool's mean at most this many times the mean (see _learn_job_time).
+JOB_TIME_CLIP = 4
 
 
 class Slots(ClaimAhead):
@@ -83,9 +85,20 @@ class Slots(ClaimAhead):
         the gap. A job's time on its slot includes its waits for the GIL, which grow with every
         slot awake and with the dispatcher's work on a claim; a mean would read those waits as
         longer jobs and wake more slots, which wait longer still.
+
+        The mean moves a quarter of the way to each job's time, taken at most ``JOB_TIME_CLIP``
+        times the mean. A slot whose process loses its core mid-job (many worker processes on
+        few cores) reads a job of microseconds as one of tens of milliseconds: with 16 processes
+        on 2 cores the slowest 1% of no-op jobs held 59% of their summed time, and the plain
+        mean, 3 to 300 times the median, cut the claims ahead to a few jobs each. Jobs that
+        really got longer raise the mean within a few dozen, and the first of them already
+        stops claiming ahead (``_target``). A quarter, not less: a worker's first jobs (its
+        first connections and queries) take milliseconds, and the mean forgets them within
+        about 25 jobs, where at an eighth each of 16 new processes made claims of a few jobs
+        for its first 46.
         """
         mean, quick = self._mean_job_s, self._quick_job_s
-        self._mean_job_s = took_s if mean is None else mean + (took_s - mean) / 8
+        self._mean_job_s = took_s if mean is None else mean + (min(took_s, JOB_TIME_CLIP * mean) - mean) / 4
         self._quick_job_s = took_s if quick is None or took_s < quick else quick + (took_s - quick) / 64
 
     def _wake_for_buffer(self, now_mono: float) -> None:
