@@ -30,10 +30,17 @@ PROCESSES = (1, 2, 4, 8, 16)
 QUICK_PROCESSES = (1, 4)
 POOL = 2
 # Every dispatcher probes at least once a second (POLL_INTERVAL): the due time is set that far
-# past the end of the release statement, which takes about a second per 50,000 jobs here.
+# past the end of the release statement. That statement takes about a second per 50,000 jobs
+# with 2 processes here, and four to five at 16 (every idle worker's reads of the queue's due
+# jobs, each rebuilding the versions of the rows the statement rewrites, share the cores with
+# it): a due time planned at the lower rate left most of 16 processes probing before the commit
+# and starting up to a second late, and the first job up to 2.6 s after the due time. The lead
+# is the longest release seen at that number of processes in the session, and for the first
+# one the low rate slowed by one process in four.
 POLL_S = 1.0
 RELEASE_LEAD_S = 2.0
 RELEASE_JOBS_PER_S = 50_000
+_release_s: dict[tuple[str, int], float] = {}  # (database, processes) -> the longest release per job seen
 
 
 DATABASES = ("postgres", "mysql")  # where several processes share one server
@@ -90,7 +97,7 @@ def measure(session: Session, adapter: Adapter, database: str, processes: int, j
             metrics["registered_s"] = up_s
             metrics["server_connections"] = int(db.query(_CONNECTIONS[db.kind])[0][0])
             counters = dbserver.ServerCPU(db, databases.PG["host"] if db.kind == "postgres" else databases.MYSQL["host"])
-            due_at, late_s = release(db)
+            due_at, late_s = release(db, processes)
             metrics["release_late_s"] = late_s
             time.sleep(max(0.0, due_at - time.time() - 0.05))
             cpu_before, server_before = group.cpu_seconds(), counters.read()
@@ -134,11 +141,14 @@ def wait_registered(db: databases.Database, processes: int, group: procs.Group, 
     return None
 
 
-def release(db: databases.Database) -> tuple[float, float]:
+def release(db: databases.Database, processes: int) -> tuple[float, float]:
     """Make every held job due at one instant; (that instant, how late the statement ended for it)."""
     jobs = int(db.query("SELECT count(*) FROM durq_job")[0][0])
-    due_at = time.time() + RELEASE_LEAD_S + jobs / RELEASE_JOBS_PER_S
+    per_job_s = _release_s.get((db.kind, processes), (1 + processes / 4) / RELEASE_JOBS_PER_S)
+    started = time.time()
+    due_at = started + RELEASE_LEAD_S + jobs * per_job_s
     db.query(f"UPDATE durq_job SET run_at_ms = {int(due_at * 1000)}")
+    _release_s[db.kind, processes] = max(per_job_s, (time.time() - started) / max(jobs, 1))
     if db.kind == "postgres":
         # Statistics from while every job was a day away would have the planner expect no due
         # job, read the due index and sort every due row in each claim (MariaDB's claim names

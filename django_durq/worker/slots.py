@@ -92,10 +92,13 @@ class Slots(ClaimAhead):
         on 2 cores the slowest 1% of no-op jobs held 59% of their summed time, and the plain
         mean, 3 to 300 times the median, cut the claims ahead to a few jobs each. Jobs that
         really got longer raise the mean within a few dozen, and the first of them already
-        stops claiming ahead (``_target``). A quarter, not less: a worker's first jobs (its
-        first connections and queries) take milliseconds, and the mean forgets them within
-        about 25 jobs, where at an eighth each of 16 new processes made claims of a few jobs
-        for its first 46.
+        stops claiming ahead (``_target``). A long job now and then counts the same way: where
+        one job in ten or fewer is much longer, the mean is mostly the quick jobs', and the pool
+        holds ahead what they take for the horizon (the long jobs take their slots as they come;
+        one past 0.25 s stops claiming ahead and hands back what waited behind it). A quarter,
+        not less: a worker's first jobs (its first connections and queries) take milliseconds,
+        and the mean forgets them within about 25 jobs, where at an eighth each of 16 new
+        processes made claims of a few jobs for its first 46.
         """
         mean, quick = self._mean_job_s, self._quick_job_s
         self._mean_job_s = took_s if mean is None else mean + (min(took_s, JOB_TIME_CLIP * mean) - mean) / 4
