@@ -87,18 +87,18 @@ class Slots(ClaimAhead):
         longer jobs and wake more slots, which wait longer still.
 
         The mean moves a quarter of the way to each job's time, taken at most ``JOB_TIME_CLIP``
-        times the mean. A slot whose process loses its core mid-job (many worker processes on
-        few cores) reads a job of microseconds as one of tens of milliseconds: with 16 processes
-        on 2 cores the slowest 1% of no-op jobs held 59% of their summed time, and the plain
-        mean, 3 to 300 times the median, cut the claims ahead to a few jobs each. Jobs that
-        really got longer raise the mean within a few dozen, and the first of them already
-        stops claiming ahead (``_target``). A long job now and then counts the same way: where
-        one job in ten or fewer is much longer, the mean is mostly the quick jobs', and the pool
-        holds ahead what they take for the horizon (the long jobs take their slots as they come;
-        one past 0.25 s stops claiming ahead and hands back what waited behind it). A quarter,
-        not less: a worker's first jobs (its first connections and queries) take milliseconds,
-        and the mean forgets them within about 25 jobs, where at an eighth each of 16 new
-        processes made claims of a few jobs for its first 46.
+        times the mean. A slot whose process loses its core mid-job (many worker processes on few
+        cores) reads a job of microseconds as one of tens of milliseconds: with 16 processes on 2
+        cores the slowest 1% of no-op jobs held 59% of their summed time, and the plain mean, often
+        3 and at times 300 times the median, cut the claims ahead to a few jobs each. Jobs that
+        really got longer raise the mean within a few dozen, and the first of them to run past 0.25
+        s stops claiming ahead at once (``_target``). A long job now and then counts the same way:
+        where one job in ten or fewer is much longer, the mean is mostly the quick jobs', and the
+        pool holds ahead what they take for the horizon (the long jobs take their slots as they
+        come; one past 0.25 s stops claiming ahead and hands back what waited behind it). A quarter,
+        not less: a worker's first jobs (its first connections and queries) take milliseconds, and
+        the mean forgets them within about 25 jobs, where at an eighth each of 16 new processes made
+        claims of a few jobs for its first 46.
         """
         mean, quick = self._mean_job_s, self._quick_job_s
         self._mean_job_s = took_s if mean is None else mean + (min(took_s, JOB_TIME_CLIP * mean) - mean) / 4
